@@ -1,0 +1,17 @@
+module github.com/protoevents/protoevents
+
+go 1.26.8
+
+require (
+	github.com/jackc/pgx/v5 v5.13.0
+	github.com/oklog/ulid/v2 v2.1.2
+	google.golang.org/protobuf v1.36.12
+)
+
+require (
+	github.com/jackc/pgpassfile v1.0.0 // indirect
+	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
+	github.com/jackc/puddle/v2 v2.2.3 // indirect
+	golang.org/x/sync v0.23.0 // indirect
+	golang.org/x/text v0.42.0 // indirect
+)
