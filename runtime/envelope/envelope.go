@@ -1,0 +1,170 @@
+// Package envelope is the wire form of an event on Kafka: the metadata
+// (ULID event ID, type, schema version, time, producer, correlation and
+// causation IDs) wrapped around the payload, encoded as JSON (the default,
+// payload via protojson) or binary Protobuf, with the metadata mirrored in
+// CloudEvents-style Kafka headers.
+package envelope
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	events "github.com/protoevents/protoevents/runtime"
+)
+
+// Format selects the wire form of envelopes.
+type Format int
+
+const (
+	// FormatJSON encodes the envelope as JSON with the payload as protojson:
+	// readable by any consumer, tolerant of added fields. The default.
+	FormatJSON Format = iota
+	// FormatProto encodes the envelope as binary Protobuf (events.v1.Envelope).
+	FormatProto
+)
+
+// String returns the format's name as used in flags and configuration.
+func (f Format) String() string {
+	switch f {
+	case FormatJSON:
+		return "json"
+	case FormatProto:
+		return "proto"
+	default:
+		return fmt.Sprintf("Format(%d)", int(f))
+	}
+}
+
+// ParseFormat parses "json" or "proto".
+func ParseFormat(s string) (Format, error) {
+	switch s {
+	case "json", "":
+		return FormatJSON, nil
+	case "proto", "protobuf":
+		return FormatProto, nil
+	}
+	return 0, fmt.Errorf("envelope: unknown format %q (want json or proto)", s)
+}
+
+// ContentType returns the media type recorded in the content-type header.
+func (f Format) ContentType() string {
+	if f == FormatProto {
+		return ContentTypeProto
+	}
+	return ContentTypeJSON
+}
+
+// Media types of the two wire forms.
+const (
+	ContentTypeJSON  = "application/vnd.protoevents.envelope+json"
+	ContentTypeProto = "application/vnd.protoevents.envelope+protobuf"
+)
+
+// Envelope is one event occurrence as it travels: metadata plus payload.
+type Envelope struct {
+	events.Metadata
+	// Format is the wire form the envelope was (or will be) encoded in.
+	Format Format
+	// Payload holds the encoded event message: protojson text for
+	// FormatJSON, binary Protobuf for FormatProto.
+	Payload []byte
+}
+
+// NewEventID returns a fresh ULID. IDs are strictly increasing within a
+// process, even within one millisecond.
+func NewEventID() events.EventID { return ulid.Make() }
+
+// Options set how New fills in defaults.
+type Options struct {
+	// Format is the wire form of the payload.
+	Format Format
+	// Producer is the producer name used when the publish options name none
+	// and the event descriptor has no default.
+	Producer string
+	// Now returns the current time; nil means time.Now.
+	Now func() time.Time
+}
+
+// New wraps ev in an envelope, applying the publish options and filling in
+// a fresh event ID, the current time and the producer where they are unset.
+func New(ev events.Event, po events.PublishOptions, o Options) (*Envelope, error) {
+	d := ev.EventDescriptor()
+	if d == nil {
+		return nil, errors.New("envelope: event has no descriptor")
+	}
+	env := &Envelope{Format: o.Format}
+	env.Metadata = events.Metadata{
+		EventID:       po.EventID,
+		Type:          d.Type,
+		SchemaVersion: d.Version,
+		OccurredAt:    po.OccurredAt,
+		Producer:      po.Producer,
+		Key:           ev.EventKey(),
+		CorrelationID: po.CorrelationID,
+		CausationID:   po.CausationID,
+		TraceParent:   po.TraceParent,
+	}
+	if env.EventID == (events.EventID{}) {
+		env.EventID = NewEventID()
+	}
+	if env.OccurredAt.IsZero() {
+		now := time.Now
+		if o.Now != nil {
+			now = o.Now
+		}
+		env.OccurredAt = now()
+	}
+	env.OccurredAt = env.OccurredAt.UTC()
+	if env.Producer == "" {
+		env.Producer = o.Producer
+	}
+	if env.Producer == "" {
+		env.Producer = d.Producer
+	}
+	var err error
+	switch o.Format {
+	case FormatJSON:
+		env.Payload, err = payloadJSON.Marshal(ev)
+	case FormatProto:
+		env.Payload, err = payloadProto.Marshal(ev)
+	default:
+		err = fmt.Errorf("unknown format %v", o.Format)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("envelope: encode %s payload: %w", d.Type, err)
+	}
+	return env, nil
+}
+
+// Payload codecs: deterministic, so one event always encodes to the same
+// bytes; JSON uses the proto field names the compat rules protect and
+// tolerates fields it does not know on the way in.
+var (
+	payloadJSON     = protojson.MarshalOptions{UseProtoNames: true}
+	payloadProto    = proto.MarshalOptions{Deterministic: true}
+	payloadJSONRead = protojson.UnmarshalOptions{DiscardUnknown: true}
+)
+
+// UnmarshalPayload decodes the payload into dst, a message of the
+// envelope's event type. Unknown fields (added by a newer producer) are
+// ignored in JSON and kept in Protobuf.
+func (e *Envelope) UnmarshalPayload(dst proto.Message) error {
+	var err error
+	switch e.Format {
+	case FormatJSON:
+		err = payloadJSONRead.Unmarshal(e.Payload, dst)
+	case FormatProto:
+		err = proto.Unmarshal(e.Payload, dst)
+	default:
+		err = fmt.Errorf("unknown format %v", e.Format)
+	}
+	if err != nil {
+		return &DecodeError{Reason: "payload of " + e.Type + " does not decode", Err: err}
+	}
+	return nil
+}

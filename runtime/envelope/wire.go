@@ -1,0 +1,211 @@
+package envelope
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+	"github.com/segmentio/kafka-go"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/protoevents/protoevents/runtime/eventsv1"
+)
+
+// Kafka header names. They follow the CloudEvents Kafka protocol binding
+// (ce_ prefix, lower-case attribute names) so CloudEvents-aware tools can
+// read our events without knowing protoevents.
+const (
+	HeaderSpecVersion   = "ce_specversion"
+	HeaderID            = "ce_id"
+	HeaderType          = "ce_type"
+	HeaderSource        = "ce_source"
+	HeaderTime          = "ce_time"
+	HeaderSchemaVersion = "ce_schemaversion"
+	HeaderCorrelationID = "ce_correlationid"
+	HeaderCausationID   = "ce_causationid"
+	HeaderTraceParent   = "traceparent"
+	HeaderContentType   = "content-type"
+)
+
+// jsonEnvelope is the JSON wire form.
+type jsonEnvelope struct {
+	EventID       string          `json:"event_id"`
+	EventType     string          `json:"event_type"`
+	SchemaVersion uint32          `json:"schema_version"`
+	OccurredAt    time.Time       `json:"occurred_at"`
+	Producer      string          `json:"producer"`
+	CorrelationID string          `json:"correlation_id,omitempty"`
+	CausationID   string          `json:"causation_id,omitempty"`
+	TraceParent   string          `json:"trace_parent,omitempty"`
+	Payload       json.RawMessage `json:"payload"`
+}
+
+// Encode returns the Kafka message value and headers of the envelope. The
+// key is not part of the value: it travels as the Kafka message key.
+func (e *Envelope) Encode() ([]byte, []kafka.Header, error) {
+	var value []byte
+	var err error
+	switch e.Format {
+	case FormatJSON:
+		value, err = json.Marshal(jsonEnvelope{
+			EventID:       e.EventID.String(),
+			EventType:     e.Type,
+			SchemaVersion: e.SchemaVersion,
+			OccurredAt:    e.OccurredAt.UTC(),
+			Producer:      e.Producer,
+			CorrelationID: e.CorrelationID,
+			CausationID:   e.CausationID,
+			TraceParent:   e.TraceParent,
+			Payload:       json.RawMessage(e.Payload),
+		})
+	case FormatProto:
+		value, err = payloadProto.Marshal(&eventsv1.Envelope{
+			EventId:       e.EventID.String(),
+			EventType:     e.Type,
+			SchemaVersion: e.SchemaVersion,
+			OccurredAt:    timestamppb.New(e.OccurredAt),
+			Producer:      e.Producer,
+			CorrelationId: e.CorrelationID,
+			CausationId:   e.CausationID,
+			TraceParent:   e.TraceParent,
+			Payload:       e.Payload,
+		})
+	default:
+		err = fmt.Errorf("unknown format %v", e.Format)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("envelope: encode %s %s: %w", e.Type, e.EventID, err)
+	}
+	return value, e.Headers(), nil
+}
+
+// Headers returns the metadata as Kafka headers.
+func (e *Envelope) Headers() []kafka.Header {
+	h := []kafka.Header{
+		{Key: HeaderSpecVersion, Value: []byte("1.0")},
+		{Key: HeaderID, Value: []byte(e.EventID.String())},
+		{Key: HeaderType, Value: []byte(e.Type)},
+		{Key: HeaderSource, Value: []byte(e.Producer)},
+		{Key: HeaderTime, Value: []byte(e.OccurredAt.UTC().Format(time.RFC3339Nano))},
+		{Key: HeaderSchemaVersion, Value: []byte(strconv.FormatUint(uint64(e.SchemaVersion), 10))},
+		{Key: HeaderContentType, Value: []byte(e.Format.ContentType())},
+	}
+	if e.CorrelationID != "" {
+		h = append(h, kafka.Header{Key: HeaderCorrelationID, Value: []byte(e.CorrelationID)})
+	}
+	if e.CausationID != "" {
+		h = append(h, kafka.Header{Key: HeaderCausationID, Value: []byte(e.CausationID)})
+	}
+	if e.TraceParent != "" {
+		h = append(h, kafka.Header{Key: HeaderTraceParent, Value: []byte(e.TraceParent)})
+	}
+	return h
+}
+
+// Decode parses a Kafka message into an envelope. The wire form is taken
+// from the content-type header, or sniffed when it is absent. A message
+// that is not a valid envelope yields a *DecodeError (errors.Is
+// ErrMalformed): retrying it cannot help.
+func Decode(m kafka.Message) (*Envelope, error) {
+	format, err := formatOf(m)
+	if err != nil {
+		return nil, err
+	}
+	env := &Envelope{Format: format}
+	env.Key = m.Key
+	switch format {
+	case FormatJSON:
+		var j jsonEnvelope
+		dec := json.NewDecoder(bytes.NewReader(m.Value))
+		if err := dec.Decode(&j); err != nil {
+			return nil, &DecodeError{Reason: "value is not a JSON envelope", Err: err}
+		}
+		if len(j.Payload) == 0 || string(j.Payload) == "null" {
+			return nil, &DecodeError{Reason: "payload is missing"}
+		}
+		env.Type, env.SchemaVersion, env.OccurredAt = j.EventType, j.SchemaVersion, j.OccurredAt
+		env.Producer, env.CorrelationID, env.CausationID, env.TraceParent = j.Producer, j.CorrelationID, j.CausationID, j.TraceParent
+		env.Payload = []byte(j.Payload)
+		if env.EventID, err = parseID(j.EventID); err != nil {
+			return nil, err
+		}
+	case FormatProto:
+		var p eventsv1.Envelope
+		if err := proto.Unmarshal(m.Value, &p); err != nil {
+			return nil, &DecodeError{Reason: "value is not a Protobuf envelope", Err: err}
+		}
+		env.Type, env.SchemaVersion = p.GetEventType(), p.GetSchemaVersion()
+		if p.OccurredAt != nil {
+			if err := p.OccurredAt.CheckValid(); err != nil {
+				return nil, &DecodeError{Reason: "occurred_at is invalid", Err: err}
+			}
+			env.OccurredAt = p.OccurredAt.AsTime()
+		}
+		env.Producer, env.CorrelationID, env.CausationID, env.TraceParent = p.GetProducer(), p.GetCorrelationId(), p.GetCausationId(), p.GetTraceParent()
+		env.Payload = p.GetPayload()
+		if env.EventID, err = parseID(p.GetEventId()); err != nil {
+			return nil, err
+		}
+	}
+	switch {
+	case env.Type == "":
+		return nil, &DecodeError{Reason: "event_type is missing"}
+	case env.SchemaVersion == 0:
+		return nil, &DecodeError{Reason: "schema_version is missing"}
+	case env.OccurredAt.IsZero():
+		return nil, &DecodeError{Reason: "occurred_at is missing"}
+	}
+	env.OccurredAt = env.OccurredAt.UTC()
+	return env, nil
+}
+
+func parseID(s string) (ulid.ULID, error) {
+	if s == "" {
+		return ulid.ULID{}, &DecodeError{Reason: "event_id is missing"}
+	}
+	id, err := ulid.ParseStrict(s)
+	if err != nil {
+		return ulid.ULID{}, &DecodeError{Reason: fmt.Sprintf("event_id %q is not a ULID", s), Err: err}
+	}
+	return id, nil
+}
+
+// formatOf reads the content-type header, or sniffs the value: a JSON
+// envelope is an object, a Protobuf one never starts with '{' (0x7b would be
+// field 15, wire type 3, which events.v1.Envelope does not have).
+func formatOf(m kafka.Message) (Format, error) {
+	for _, h := range m.Headers {
+		if h.Key != HeaderContentType {
+			continue
+		}
+		switch string(h.Value) {
+		case ContentTypeJSON, "application/json", "application/cloudevents+json":
+			return FormatJSON, nil
+		case ContentTypeProto, "application/protobuf", "application/x-protobuf":
+			return FormatProto, nil
+		default:
+			return 0, &DecodeError{Reason: fmt.Sprintf("unsupported content-type %q", h.Value)}
+		}
+	}
+	if len(m.Value) == 0 {
+		return 0, &DecodeError{Reason: "value is empty"}
+	}
+	if bytes.HasPrefix(bytes.TrimLeft(m.Value, " \t\r\n"), []byte("{")) {
+		return FormatJSON, nil
+	}
+	return FormatProto, nil
+}
+
+// Header returns the value of the named header of m, and whether it exists.
+func Header(m kafka.Message, key string) (string, bool) {
+	for _, h := range m.Headers {
+		if h.Key == key {
+			return string(h.Value), true
+		}
+	}
+	return "", false
+}

@@ -1,0 +1,2 @@
+-- Placeholder so the embed pattern matches before the schema files land;
+-- removed once outbox.sql and consumer.sql exist.
