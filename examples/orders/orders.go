@@ -1,0 +1,116 @@
+// Package orders is the example producer service: it places orders, and in
+// the same Postgres transaction writes the OrderPlaced events to the
+// outbox, so an order never exists without its event, nor an event without
+// its order.
+//
+// It is mid-migration from orders.v1.OrderPlaced to orders.v2.OrderPlaced:
+// every order publishes v2 and, side by side, the v1 event down-converted
+// from it, until the last v1 consumer has moved.
+package orders
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	ordersv1 "github.com/protoevents/protoevents/examples/gen/orders/v1"
+	ordersv2 "github.com/protoevents/protoevents/examples/gen/orders/v2"
+	events "github.com/protoevents/protoevents/runtime"
+	"github.com/protoevents/protoevents/runtime/outbox"
+)
+
+// schema is the service's own business table.
+const schema = `
+CREATE TABLE IF NOT EXISTS orders (
+	order_id    text PRIMARY KEY,
+	customer_id text NOT NULL,
+	total_cents bigint NOT NULL,
+	currency    text NOT NULL,
+	country     text NOT NULL,
+	placed_at   timestamptz NOT NULL DEFAULT now()
+)`
+
+// Migrate creates the orders table.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	if _, err := pool.Exec(ctx, schema); err != nil {
+		return fmt.Errorf("orders: migrate: %w", err)
+	}
+	return nil
+}
+
+// Order is a request to place an order.
+type Order struct {
+	ID         string
+	CustomerID string
+	TotalCents int64
+	Currency   string
+	Country    string
+	Items      []*ordersv2.LineItem
+	// CorrelationID ties the order's events to the request that placed it.
+	CorrelationID string
+}
+
+// Service places orders.
+type Service struct {
+	pool   *pgxpool.Pool
+	placed *ordersv2.OrderPlacedProducer
+}
+
+// New returns a Service writing events through w.
+func New(pool *pgxpool.Pool, w *outbox.Writer) *Service {
+	return &Service{pool: pool, placed: ordersv2.NewOrderPlacedProducer(w)}
+}
+
+// ErrDuplicateOrder reports an order ID that was already placed.
+var ErrDuplicateOrder = errors.New("orders: order already placed")
+
+// PlaceOrder stores the order and its OrderPlaced events (v2 and v1) in one
+// transaction and returns the events' IDs.
+func (s *Service) PlaceOrder(ctx context.Context, o Order) ([]events.EventID, error) {
+	var ids []events.EventID
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `INSERT INTO orders (order_id, customer_id, total_cents, currency, country)
+			VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING`, o.ID, o.CustomerID, o.TotalCents, o.Currency, o.Country)
+		if err != nil {
+			return fmt.Errorf("insert order: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrDuplicateOrder
+		}
+		ev := &ordersv2.OrderPlaced{
+			OrderId:  o.ID,
+			Customer: &ordersv2.Customer{Id: o.CustomerID, Segment: "retail"},
+			Total:    &ordersv2.Money{Currency: o.Currency, Units: o.TotalCents},
+			Items:    o.Items,
+			Country:  o.Country,
+		}
+		ids, err = s.placed.PublishWithSuperseded(ctx, tx, ev, DownConvert, events.WithCorrelationID(o.CorrelationID))
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("orders: place order %s: %w", o.ID, err)
+	}
+	return ids, nil
+}
+
+// DownConvert turns a v2 OrderPlaced into the v1 event that consumers not
+// yet migrated read. It is lossless for everything v1 knows about.
+func DownConvert(v2 *ordersv2.OrderPlaced) (*ordersv1.OrderPlaced, error) {
+	if v2.GetTotal() == nil {
+		return nil, errors.New("orders: down-convert: v2 OrderPlaced has no total")
+	}
+	v1 := &ordersv1.OrderPlaced{
+		OrderId:    v2.GetOrderId(),
+		CustomerId: v2.GetCustomer().GetId(),
+		TotalCents: v2.GetTotal().GetUnits(),
+		Currency:   v2.GetTotal().GetCurrency(),
+		Country:    v2.GetCountry(),
+	}
+	for _, it := range v2.GetItems() {
+		v1.Items = append(v1.Items, &ordersv1.LineItem{Sku: it.GetSku(), Quantity: it.GetQuantity()})
+	}
+	return v1, nil
+}
