@@ -43,7 +43,7 @@ func Generate(p *protogen.Plugin) error {
 	p.SupportedEditionsMinimum = SupportedEditionsMinimum
 	p.SupportedEditionsMaximum = SupportedEditionsMaximum
 
-	files, err := build(p)
+	files, err := buildModel(p)
 	if err != nil {
 		return err
 	}

@@ -19,10 +19,10 @@ var topicChars = regexp.MustCompile(`^[a-zA-Z0-9._-]+$`)
 // dlqSuffix is appended to the topic when an event sets no dlq_topic.
 const dlqSuffix = ".dlq"
 
-// build reads the event options of every file in the request, validates
+// buildModel reads the event options of every file in the request, validates
 // them all and returns the model of the files to generate. It returns every
 // problem found, not only the first, so one run shows the whole list.
-func build(p *protogen.Plugin) ([]*file, error) {
+func buildModel(p *protogen.Plugin) ([]*file, error) {
 	var errs errorList
 
 	// Every event of the request, in request order: files to generate and
@@ -87,7 +87,7 @@ func validateEvent(errs *errorList, ev *event, byName map[protoreflect.FullName]
 		errs.add(m, "topic is required", `set topic to the Kafka topic of the event, e.g. topic: "`+suggestTopic(m)+`"`)
 	default:
 		if problem := checkTopic(topic); problem != "" {
-			errs.add(m, fmt.Sprintf("topic %q is not a valid Kafka topic name: %s", topic, problem),
+			errs.add(m, fmt.Sprintf("topic %s is not a valid Kafka topic name: %s", quoteTopic(topic), problem),
 				"use 1-249 characters from [a-zA-Z0-9._-], e.g. \""+suggestTopic(m)+"\"")
 		}
 	}
@@ -96,7 +96,7 @@ func validateEvent(errs *errorList, ev *event, byName map[protoreflect.FullName]
 	switch {
 	case ev.dlqTopic != "":
 		if problem := checkTopic(ev.dlqTopic); problem != "" {
-			errs.add(m, fmt.Sprintf("dlq_topic %q is not a valid Kafka topic name: %s", ev.dlqTopic, problem),
+			errs.add(m, fmt.Sprintf("dlq_topic %s is not a valid Kafka topic name: %s", quoteTopic(ev.dlqTopic), problem),
 				"use 1-249 characters from [a-zA-Z0-9._-], or leave dlq_topic unset for \"<topic>.dlq\"")
 		} else if ev.dlqTopic == o.GetTopic() {
 			errs.add(m, fmt.Sprintf("dlq_topic %q is the event's own topic", ev.dlqTopic),
@@ -105,7 +105,7 @@ func validateEvent(errs *errorList, ev *event, byName map[protoreflect.FullName]
 	case o.GetTopic() != "":
 		ev.dlqTopic = o.GetTopic() + dlqSuffix
 		if checkTopic(o.GetTopic()) == "" && len(ev.dlqTopic) > maxTopicLen {
-			errs.add(m, fmt.Sprintf("the default dlq_topic %q is longer than %d characters", ev.dlqTopic, maxTopicLen),
+			errs.add(m, fmt.Sprintf("the default dlq_topic %s is longer than %d characters", quoteTopic(ev.dlqTopic), maxTopicLen),
 				"shorten topic, or set a shorter dlq_topic")
 		}
 	}
@@ -139,7 +139,7 @@ func validateEvent(errs *errorList, ev *event, byName map[protoreflect.FullName]
 func checkTopic(topic string) string {
 	switch {
 	case len(topic) > maxTopicLen:
-		return fmt.Sprintf("%d characters, more than %d", len(topic), maxTopicLen)
+		return fmt.Sprintf("it is longer than %d characters", maxTopicLen)
 	case topic == "." || topic == "..":
 		return `"." and ".." are reserved`
 	case !topicChars.MatchString(topic):
@@ -154,6 +154,16 @@ func checkTopic(topic string) string {
 		return "it contains " + strings.Join(bad, ", ")
 	}
 	return ""
+}
+
+// quoteTopic quotes a topic for an error message, eliding the middle of
+// names too long to read.
+func quoteTopic(topic string) string {
+	const keep = 24
+	if len(topic) <= 2*keep+8 {
+		return fmt.Sprintf("%q", topic)
+	}
+	return fmt.Sprintf("%q (%d characters)", topic[:keep]+"..."+topic[len(topic)-keep:], len(topic))
 }
 
 // suggestTopic proposes a topic name for m in the documented style.
