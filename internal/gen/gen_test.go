@@ -196,7 +196,8 @@ func TestInvalid(t *testing.T) {
 				t.Fatalf("%v (run go test ./internal/gen -update to create it, then review it)", err)
 			}
 			if got != strings.TrimSuffix(string(want), "\n") {
-				t.Errorf("error text differs from %s:\n got: %s\nwant: %s", stderr, got, want)
+				t.Errorf("error text differs from %s (run go test ./internal/gen -update and review the diff):\n%s",
+					stderr, firstDiff(strings.TrimSuffix(string(want), "\n"), got))
 			}
 		})
 	}

@@ -138,6 +138,8 @@ func validateEvent(errs *errorList, ev *event, byName map[protoreflect.FullName]
 // checkTopic returns why topic is not a valid Kafka topic name, or "".
 func checkTopic(topic string) string {
 	switch {
+	case topic == "":
+		return "it is empty"
 	case len(topic) > maxTopicLen:
 		return fmt.Sprintf("it is longer than %d characters", maxTopicLen)
 	case topic == "." || topic == "..":
