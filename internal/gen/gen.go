@@ -4,6 +4,26 @@
 // events' constants, descriptors, key methods, typed outbox producers,
 // typed idempotent consumers and the file's registry.
 //
+// # Generated names
+//
+// For an event message with Go name M (protogen's GoIdent, so a nested
+// Outer.Inner is Outer_Inner) the file declares MTopic, MDLQTopic,
+// MEventType, MSchemaVersion, the descriptor MEvent, MProducer with
+// NewMProducer, MHandler and NewMConsumer, and the methods EventKey and
+// EventDescriptor on M. A clash with a name protoc-gen-go declares in the
+// same package is a generation error naming both. The file's registry is
+// <Base>Events, from the file's base name (orders.proto: OrdersEvents); if
+// that name is taken, it falls back to <Base>ProtoEvents (OrdersProtoEvents).
+//
+// # Validation
+//
+// All event options of the request are checked before anything is written,
+// and every problem is reported, sorted by position, one per line, as
+// "<file>:<line>:<col>: <message>: <problem> (fix: <fix>)". Topics are
+// checked for clashes across every file of the request, and supersedes may
+// name an event in any of them, so run the plugin over all schemas at once
+// (buf's strategy: all) or import the superseded event's file.
+//
 // It does no I/O: the generated files are handed to the protogen.Plugin,
 // which answers the compiler.
 package gen

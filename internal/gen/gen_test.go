@@ -82,6 +82,7 @@ func TestGolden(t *testing.T) {
 		"testdata/golden/orders/v2/orders.events.go",
 		"testdata/golden/payments/v1/payments.events.go",
 		"testdata/golden/inventory/v1/inventory.events.go",
+		"testdata/golden/shipping/v1/shipping.events.go",
 	} {
 		if !slices.Contains(names, name) {
 			t.Errorf("no %s generated", name)

@@ -61,7 +61,41 @@ func render(mf *file, compilerVersion string) ([]byte, error) {
 	if err := f.Render(&buf); err != nil {
 		return nil, fmt.Errorf("render %s: %w", mf.proto.Desc.Path(), err)
 	}
-	return buf.Bytes(), nil
+	return groupImports(buf.Bytes()), nil
+}
+
+// groupImports splits the single import block jennifer writes into the
+// standard library and everything else, as goimports does. The block has
+// one import per line, so a line-wise rewrite is exact.
+func groupImports(src []byte) []byte {
+	const open, closing = "\nimport (\n", "\n)\n"
+	start := bytes.Index(src, []byte(open))
+	if start < 0 {
+		return src
+	}
+	start += len(open)
+	n := bytes.Index(src[start:], []byte(closing))
+	if n < 0 {
+		return src
+	}
+	end := start + n
+	var std, other []string
+	for _, line := range strings.Split(string(src[start:end]), "\n") {
+		_, path, _ := strings.Cut(line, `"`)
+		if first, _, _ := strings.Cut(path, "/"); strings.Contains(first, ".") {
+			other = append(other, line)
+		} else {
+			std = append(std, line)
+		}
+	}
+	if len(std) == 0 || len(other) == 0 {
+		return src
+	}
+	var out bytes.Buffer
+	out.Write(src[:start])
+	out.WriteString(strings.Join(std, "\n") + "\n\n" + strings.Join(other, "\n"))
+	out.Write(src[end:])
+	return out.Bytes()
 }
 
 // renderEvent emits everything generated for one event.

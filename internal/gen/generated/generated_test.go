@@ -17,6 +17,7 @@ import (
 	ordersv1 "github.com/protoevents/protoevents/testdata/golden/orders/v1"
 	ordersv2 "github.com/protoevents/protoevents/testdata/golden/orders/v2"
 	paymentsv1 "github.com/protoevents/protoevents/testdata/golden/payments/v1"
+	shippingv1 "github.com/protoevents/protoevents/testdata/golden/shipping/v1"
 )
 
 func TestEventKeys(t *testing.T) {
@@ -101,8 +102,10 @@ func TestRegistry(t *testing.T) {
 		"orders/v2":    ordersv2.OrdersEvents,
 		"payments/v1":  paymentsv1.PaymentsEvents,
 		"inventory/v1": inventoryv1.InventoryEvents,
+		// ShippingEvents is a message there, so the registry falls back.
+		"shipping/v1": shippingv1.ShippingProtoEvents,
 	}
-	wantLen := map[string]int{"orders/v1": 2, "orders/v2": 1, "payments/v1": 4, "inventory/v1": 2}
+	wantLen := map[string]int{"orders/v1": 2, "orders/v2": 1, "payments/v1": 4, "inventory/v1": 2, "shipping/v1": 1}
 	for name, list := range lists {
 		if len(list) != wantLen[name] {
 			t.Errorf("%s: %d events, want %d", name, len(list), wantLen[name])

@@ -10,11 +10,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+
 	"github.com/jackc/pgx/v5"
 	events "github.com/protoevents/protoevents/runtime"
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/outbox"
-	"strconv"
 )
 
 // This is a compile-time assertion that this generated file and the events
