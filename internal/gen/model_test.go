@@ -77,3 +77,17 @@ func TestCheckTopic(t *testing.T) {
 		}
 	}
 }
+
+func TestKebab(t *testing.T) {
+	for in, want := range map[string]string{
+		"OrderPlaced":  "order-placed",
+		"DLQIsTopic":   "dlq-is-topic",
+		"Order_Placed": "order-placed",
+		"V2Event":      "v2-event",
+		"Dot":          "dot",
+	} {
+		if got := kebab(in); got != want {
+			t.Errorf("kebab(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

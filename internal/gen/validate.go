@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 	"strings"
+	"unicode"
 
 	"google.golang.org/protobuf/compiler/protogen"
 	"google.golang.org/protobuf/reflect/protoreflect"
@@ -179,20 +180,21 @@ func suggestTopic(m *protogen.Message) string {
 	return parts[0] + "." + name + ".v1"
 }
 
-// kebab turns OrderPlaced into order-placed.
+// kebab turns OrderPlaced into order-placed and DLQRetried into
+// dlq-retried.
 func kebab(s string) string {
+	rs := []rune(s)
+	isUpper := func(i int) bool { return i >= 0 && i < len(rs) && unicode.IsUpper(rs[i]) }
 	var b strings.Builder
-	for i, r := range s {
-		if r >= 'A' && r <= 'Z' {
-			if i > 0 {
-				b.WriteByte('-')
-			}
-			r += 'a' - 'A'
+	for i, r := range rs {
+		switch {
+		case r == '_':
+			b.WriteByte('-')
+			continue
+		case isUpper(i) && i > 0 && rs[i-1] != '_' && (!isUpper(i-1) || (i+1 < len(rs) && !isUpper(i+1) && rs[i+1] != '_')):
+			b.WriteByte('-')
 		}
-		if r == '_' {
-			r = '-'
-		}
-		b.WriteRune(r)
+		b.WriteRune(unicode.ToLower(r))
 	}
 	return b.String()
 }
