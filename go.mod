@@ -3,6 +3,7 @@ module github.com/protoevents/protoevents
 go 1.26.8
 
 require (
+	github.com/dave/jennifer v1.7.1
 	github.com/jackc/pgx/v5 v5.13.0
 	github.com/oklog/ulid/v2 v2.1.2
 	google.golang.org/protobuf v1.36.12
