@@ -16,8 +16,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	ordersv1 "github.com/protoevents/protoevents/examples/gen/orders/v1"
-	ordersv2 "github.com/protoevents/protoevents/examples/gen/orders/v2"
+	ordersv1 "github.com/protoevents/protoevents/examples/gen/shop/orders/v1"
+	ordersv2 "github.com/protoevents/protoevents/examples/gen/shop/orders/v2"
 	events "github.com/protoevents/protoevents/runtime"
 	"github.com/protoevents/protoevents/runtime/outbox"
 )

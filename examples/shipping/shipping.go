@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	ordersv1 "github.com/protoevents/protoevents/examples/gen/orders/v1"
-	shippingv1 "github.com/protoevents/protoevents/examples/gen/shipping/v1"
+	ordersv1 "github.com/protoevents/protoevents/examples/gen/shop/orders/v1"
+	shippingv1 "github.com/protoevents/protoevents/examples/gen/shop/shipping/v1"
 	events "github.com/protoevents/protoevents/runtime"
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/outbox"
