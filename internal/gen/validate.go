@@ -302,28 +302,26 @@ func suggestKey(m *protogen.Message) string {
 	return "id"
 }
 
-// checkTopicClashes reports events sharing a topic at the same version.
-// Events only imported by the request count as the other side of a clash
-// but get no error of their own.
+// checkTopicClashes reports events sharing a topic. A topic carries one
+// event type at one version: consumers decode a topic's messages as one type,
+// and the runtime registry refuses a second event on a topic. Events only
+// imported by the request count as the other side of a clash but get no
+// error of their own.
 func checkTopicClashes(errs *errorList, all []*event) {
-	type slot struct {
-		topic   string
-		version uint32
-	}
-	bySlot := map[slot][]*event{}
-	var order []slot
+	byTopic := map[string][]*event{}
+	var order []string
 	for _, ev := range all {
 		if ev.opts.GetTopic() == "" || ev.opts.GetVersion() == 0 {
 			continue
 		}
-		s := slot{ev.opts.GetTopic(), ev.opts.GetVersion()}
-		if bySlot[s] == nil {
-			order = append(order, s)
+		t := ev.opts.GetTopic()
+		if byTopic[t] == nil {
+			order = append(order, t)
 		}
-		bySlot[s] = append(bySlot[s], ev)
+		byTopic[t] = append(byTopic[t], ev)
 	}
-	for _, s := range order {
-		evs := bySlot[s]
+	for _, topic := range order {
+		evs := byTopic[topic]
 		if len(evs) < 2 {
 			continue
 		}
@@ -331,14 +329,26 @@ func checkTopicClashes(errs *errorList, all []*event) {
 			if !ev.generate {
 				continue
 			}
-			var others []string
+			var same, other []string
 			for _, o := range evs {
-				if o != ev {
-					others = append(others, fmt.Sprintf("%s (%s)", o.msg.Desc.FullName(), where(o.msg)))
+				if o == ev {
+					continue
+				}
+				desc := fmt.Sprintf("%s (%s)", o.msg.Desc.FullName(), where(o.msg))
+				if o.opts.GetVersion() == ev.opts.GetVersion() {
+					same = append(same, desc)
+				} else {
+					other = append(other, fmt.Sprintf("%s at version %d", desc, o.opts.GetVersion()))
 				}
 			}
-			errs.add(ev.msg, fmt.Sprintf("topic %q at version %d is also used by %s", s.topic, s.version, strings.Join(others, ", ")),
-				"give each event its own topic; consumers decode a topic's messages as one event type")
+			if len(same) > 0 {
+				errs.add(ev.msg, fmt.Sprintf("topic %q at version %d is also used by %s", topic, ev.opts.GetVersion(), strings.Join(same, ", ")),
+					"give each event its own topic; consumers decode a topic's messages as one event type")
+			}
+			if len(other) > 0 {
+				errs.add(ev.msg, fmt.Sprintf("topic %q is also used by %s", topic, strings.Join(other, ", ")),
+					"publish each version on its own topic (e.g. ending in .v2) and mark the new one supersedes the old")
+			}
 		}
 	}
 }
