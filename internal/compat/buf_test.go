@@ -40,7 +40,7 @@ var bufEquivalents = map[string][]string{
 	RuleEnumValueRenamed:        {"ENUM_VALUE_SAME_NAME"},
 }
 
-const bufTablePath = "../../docs/compat-vs-buf.md"
+var bufTablePath = absPath("../../docs/compat-vs-buf.md")
 
 // findBuf looks for buf on PATH, in $GOPATH/bin, $HOME/go/bin and ./bin of
 // the repository.
@@ -58,12 +58,11 @@ func findBuf(t *testing.T) string {
 	if home, err := os.UserHomeDir(); err == nil {
 		dirs = append(dirs, filepath.Join(home, "go", "bin"))
 	}
-	dirs = append(dirs, "../../bin")
+	dirs = append(dirs, absPath("../../bin"))
 	for _, d := range dirs {
 		p := filepath.Join(d, "buf")
 		if st, err := os.Stat(p); err == nil && !st.IsDir() {
-			abs, _ := filepath.Abs(p)
-			return abs
+			return p
 		}
 	}
 	t.Fatalf("buf not found on PATH, in $GOPATH/bin, ~/go/bin or ./bin: install it (go install github.com/bufbuild/buf/cmd/buf@v1.75.0)")

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -19,11 +20,20 @@ import (
 var update = flag.Bool("update", false, "rewrite golden files (want.txt, *.lock, docs/compat-vs-buf.md)")
 
 // corpusDir holds one folder per case: before/ and after/ .proto trees and
-// case.json with the rule IDs the change must report.
-const corpusDir = "../../testdata/compat"
+// case.json with the rule IDs the change must report. Paths are absolute so
+// that tests may change directory.
+var corpusDir = absPath("../../testdata/compat")
 
 // schemasDir is where "events/v1/options.proto" is imported from.
-const schemasDir = "../../schemas"
+var schemasDir = absPath("../../schemas")
+
+func absPath(p string) string {
+	a, err := filepath.Abs(p)
+	if err != nil {
+		panic(err) // test setup only: the working directory is unreadable
+	}
+	return a
+}
 
 // corpusCase is one before/after pair of the corpus.
 type corpusCase struct {
@@ -166,7 +176,33 @@ func TestCorpus(t *testing.T) {
 				t.Errorf("rules = %v, want %v\nfindings:\n%s", got, want, lines(findings))
 			}
 			checkGolden(t, filepath.Join(c.Dir, "want.txt"), []byte(lines(findings)))
+			for _, f := range findings {
+				checkPosition(t, filepath.Join(c.Dir, "after"), f)
+			}
 		})
+	}
+}
+
+// declStart matches what a finding may point at: a message, enum, event
+// option, package statement, field or enum value declaration.
+var declStart = regexp.MustCompile(`^(message \w+ \{|enum \w+ \{|option \(events\.v1\.event\) =|package [\w.]+;|((optional|repeated|required) )?[\w.]+(<\w+, [\w.]+>)? \w+ = \d+|\w+ = -?\d+)`)
+
+// checkPosition asserts that a finding points at a real declaration of the
+// new schema.
+func checkPosition(t *testing.T, dir string, f Finding) {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, f.File))
+	if err != nil {
+		t.Errorf("finding in unknown file: %s", f)
+		return
+	}
+	src := strings.Split(string(data), "\n")
+	if f.Line < 1 || f.Line > len(src) || f.Col < 1 || f.Col > len(src[f.Line-1]) {
+		t.Errorf("position out of range: %s", f)
+		return
+	}
+	if text := src[f.Line-1][f.Col-1:]; !declStart.MatchString(text) {
+		t.Errorf("position %d:%d points at %q, not a declaration: %s", f.Line, f.Col, text, f)
 	}
 }
 
@@ -229,5 +265,49 @@ func TestUnchangedSchemasPass(t *testing.T) {
 				t.Errorf("%s/%s: lock changes on a parse/marshal round trip", c.Name, side)
 			}
 		}
+	}
+}
+
+// TestSnapshotGolden pins the lock format on schemas that use every recorded
+// feature: two events with supersedes and a default DLQ, maps, oneofs,
+// proto3 optional, reserved ranges and names, enums (proto3), required
+// fields and defaults (proto2), editions presence.
+func TestSnapshotGolden(t *testing.T) {
+	for _, name := range []string{"compatible_new_version_supersedes", "proto2_default_changed", "editions_presence_implicit"} {
+		t.Run(name, func(t *testing.T) {
+			l, _ := snapshotDir(t, filepath.Join(corpusDir, name, "after"))
+			data, err := l.Marshal()
+			if err != nil {
+				t.Fatal(err)
+			}
+			checkGolden(t, filepath.Join(corpusDir, name, "after.lock"), data)
+		})
+	}
+}
+
+// TestSnapshotDeterministic: the lock does not depend on the order files are
+// given in, and ends in exactly one newline.
+func TestSnapshotDeterministic(t *testing.T) {
+	files := compileDir(t, filepath.Join(corpusDir, "shared_type_changed_reported_once", "before"))
+	a, err := Snapshot(files)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rev := slices.Clone(files)
+	slices.Reverse(rev)
+	b, err := Snapshot(rev)
+	if err != nil {
+		t.Fatal(err)
+	}
+	da, _ := a.Marshal()
+	db, _ := b.Marshal()
+	if string(da) != string(db) {
+		t.Errorf("lock depends on file order:\n%s\n---\n%s", da, db)
+	}
+	if !strings.HasSuffix(string(da), "}\n") || strings.HasSuffix(string(da), "\n\n") {
+		t.Errorf("lock does not end in one newline: %q", da[len(da)-5:])
+	}
+	if len(a.Events) != 2 {
+		t.Errorf("events = %d, want 2", len(a.Events))
 	}
 }
