@@ -340,7 +340,7 @@ func (c *comparer) message(name, event string, path []string) {
 				"make the field optional: required fields can never be added to an event")
 		}
 	}
-	c.reserved(name, nm.File, om.ReservedRanges, nm.ReservedRanges, om.ReservedNames, nm.ReservedNames, newByNum, newByName, func() (string, int, int) {
+	c.reserved(name, om.ReservedRanges, nm.ReservedRanges, om.ReservedNames, nm.ReservedNames, newByNum, newByName, func() (string, int, int) {
 		return c.pos.message(name, nm.File)
 	}, event, path)
 	for _, ch := range children {
@@ -356,7 +356,7 @@ func (c *comparer) message(name, event string, path []string) {
 // reserved reports reserved numbers and names of the old schema that the new
 // one no longer reserves (numbers now used by a field are reported as
 // FIELD_NUMBER_REUSED by the field rules instead).
-func (c *comparer) reserved(typeName, file string, oldRanges, newRanges, oldNames, newNames []string,
+func (c *comparer) reserved(typeName string, oldRanges, newRanges, oldNames, newNames []string,
 	usedNum map[int32]Field, usedName map[string]Field, where func() (string, int, int), event string, path []string) {
 	nr := parseRanges(newRanges)
 	ctx := c.context(typeName, event, path, "")
@@ -444,7 +444,7 @@ func (c *comparer) enum(name, event string, path []string) {
 	// Enum values may reuse reserved numbers only by dropping the
 	// reservation, which is what RESERVED_REMOVED reports: pass no used
 	// numbers so that reuse counts as removal.
-	c.reserved(name, ne.File, oe.ReservedRanges, ne.ReservedRanges, oe.ReservedNames, ne.ReservedNames, usedNum, usedName, func() (string, int, int) {
+	c.reserved(name, oe.ReservedRanges, ne.ReservedRanges, oe.ReservedNames, ne.ReservedNames, usedNum, usedName, func() (string, int, int) {
 		return c.pos.enumValue(name, "", ne.File)
 	}, event, path)
 }
@@ -460,7 +460,10 @@ func sameShape(a, b Field) bool {
 // typeOf renders a field's type as in .proto source.
 func typeOf(f Field) string {
 	t := f.Type
-	if f.TypeName != "" {
+	switch {
+	case f.Type == "group":
+		t = "group " + f.TypeName // editions DELIMITED or proto2 group
+	case f.TypeName != "":
 		t = f.TypeName
 	}
 	if f.Label == "map" {

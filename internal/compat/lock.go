@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -361,19 +362,34 @@ func (l *Lock) normalize() {
 	}
 }
 
+// clone copies l deeply enough for normalize to sort it without touching l.
+func (l *Lock) clone() *Lock {
+	c := &Lock{Format: l.Format, Events: slices.Clone(l.Events)}
+	for _, m := range l.Messages {
+		m.Fields = slices.Clone(m.Fields)
+		m.ReservedRanges = slices.Clone(m.ReservedRanges)
+		m.ReservedNames = slices.Clone(m.ReservedNames)
+		c.Messages = append(c.Messages, m)
+	}
+	for _, e := range l.Enums {
+		e.Values = slices.Clone(e.Values)
+		e.ReservedRanges = slices.Clone(e.ReservedRanges)
+		e.ReservedNames = slices.Clone(e.ReservedNames)
+		c.Enums = append(c.Enums, e)
+	}
+	return c
+}
+
 // Marshal returns the lock as deterministic, indented JSON ending in a
 // newline.
 func (l *Lock) Marshal() ([]byte, error) {
-	c := *l
-	c.Events = append([]Event(nil), l.Events...)
-	c.Messages = append([]Message(nil), l.Messages...)
-	c.Enums = append([]Enum(nil), l.Enums...)
+	c := l.clone()
 	c.normalize()
 	var buf bytes.Buffer
 	enc := json.NewEncoder(&buf)
 	enc.SetEscapeHTML(false)
 	enc.SetIndent("", "  ")
-	if err := enc.Encode(&c); err != nil {
+	if err := enc.Encode(c); err != nil {
 		return nil, fmt.Errorf("compat: marshal lock: %w", err)
 	}
 	return buf.Bytes(), nil

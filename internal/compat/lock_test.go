@@ -126,3 +126,35 @@ func TestFindingString(t *testing.T) {
 		t.Errorf("String() = %q, want %q", got, want)
 	}
 }
+
+// TestMarshalSortsWithoutMutating: Marshal writes sorted output for a lock
+// built out of order, leaves the lock as it was, and ParseLock reads it back.
+func TestMarshalSortsWithoutMutating(t *testing.T) {
+	l := &Lock{
+		Format:   LockFormat,
+		Events:   []Event{{Name: "p.Z"}, {Name: "p.A"}},
+		Messages: []Message{{Name: "p.Z", Fields: []Field{str("b", 2), str("a", 1)}, ReservedRanges: []string{"20", "5-7"}, ReservedNames: []string{"y", "x"}}},
+		Enums:    []Enum{{Name: "p.E", Values: []EnumValue{{"E_B", 1}, {"E_A", 1}, {"E_Z", 0}}}},
+	}
+	data, err := l.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if l.Events[0].Name != "p.Z" || l.Messages[0].Fields[0].Name != "b" || l.Enums[0].Values[0].Name != "E_B" {
+		t.Error("Marshal reordered the lock it was given")
+	}
+	s := string(data)
+	for _, order := range [][2]string{{`"p.A"`, `"p.Z"`}, {`"name": "a"`, `"name": "b"`}, {`"5-7"`, `"20"`}, {`"x"`, `"y"`}, {`"E_Z"`, `"E_A"`}, {`"E_A"`, `"E_B"`}} {
+		if i, j := strings.Index(s, order[0]), strings.Index(s, order[1]); i < 0 || j < 0 || i > j {
+			t.Errorf("%s not before %s in:\n%s", order[0], order[1], s)
+		}
+	}
+	back, err := ParseLock(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, _ := back.Marshal()
+	if string(again) != s {
+		t.Error("parse/marshal round trip changed the lock")
+	}
+}
