@@ -125,11 +125,27 @@ func (b *builder) load(ctx context.Context, input string) (*Lock, []protoreflect
 			return l, nil, err
 		}
 		return lockFromImage(data)
+	case errors.Is(err, fs.ErrNotExist) && fileLike(input):
+		return nil, nil, fmt.Errorf("read: %w", err)
 	case errors.Is(err, fs.ErrNotExist), isDirErr(input, err):
 		return b.build(ctx, input)
 	default:
 		return nil, nil, fmt.Errorf("read: %w", err)
 	}
+}
+
+// fileLike reports whether a missing input was meant as a lock or image
+// file (by its extension) rather than a buf input, so that a typo reads as
+// "no such file" instead of a buf error.
+func fileLike(input string) bool {
+	if strings.Contains(input, "#") {
+		return false
+	}
+	switch filepath.Ext(input) {
+	case ".lock", ".binpb", ".bin", ".pb", ".json":
+		return true
+	}
+	return false
 }
 
 // isDirErr reports whether reading input failed because it is a directory,

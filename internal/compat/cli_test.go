@@ -113,6 +113,7 @@ func TestRunCLIUsage(t *testing.T) {
 		{[]string{"--against", filepath.Join(tmp, "x.lock"), "--image", filepath.Join(tmp, "x.lock")}, "decode image"},
 		{[]string{"--against", "nonexistent-input", "--buf", filepath.Join(tmp, "no-buf"), "--lock", filepath.Join(tmp, "x.lock")}, "buf build nonexistent-input"},
 		{[]string{"--bogus"}, "flag provided but not defined"},
+		{[]string{"--against", filepath.Join(tmp, "typo.lock"), "--lock", filepath.Join(tmp, "x.lock")}, "read: open"},
 	} {
 		code, out, errOut := runCLI(tc.args...)
 		if code != ExitError || out != "" || !strings.Contains(errOut, tc.want) {
