@@ -171,6 +171,9 @@ func (c *comparer) event(oe Event) {
 		} else if !c.pos.hasFile(oe.File) && len(c.pos.files) > 0 {
 			why = fmt.Sprintf("is gone: its file %s is not in the compiled input (deleted? buf generate must run protoc-gen-events with strategy: all)", oe.File)
 		}
+		if by := c.topicUsedBy(oe.Topic); by != "" {
+			why += fmt.Sprintf("; its topic is now used by %s (a renamed or moved message is a new event_type to consumers)", by)
+		}
 		if by := c.supersededBy(oe.Name); by != "" {
 			why += "; it is superseded by " + by + ", which needs it published side by side"
 		}
@@ -195,6 +198,18 @@ func (c *comparer) event(oe Event) {
 			fmt.Sprintf("restore key %q; a new key needs a new message on a new topic with supersedes: %q", oe.Key, oe.Name))
 	}
 	c.message(oe.Name, oe.Name, nil)
+}
+
+// topicUsedBy names the new events published on topic, if any.
+func (c *comparer) topicUsedBy(topic string) string {
+	var by []string
+	for _, e := range c.new.events {
+		if e.Topic == topic {
+			by = append(by, e.Name)
+		}
+	}
+	sort.Strings(by)
+	return strings.Join(by, ", ")
 }
 
 // supersededBy names the new events that supersede name, if any.
