@@ -143,6 +143,10 @@ func agree(ours, bufs []string) bool {
 // be written for every difference).
 func TestAgainstBuf(t *testing.T) {
 	bufBin := findBuf(t)
+	version, err := exec.Command(bufBin, "--version").Output()
+	if err != nil {
+		t.Fatalf("buf --version: %v", err)
+	}
 	var b strings.Builder
 	b.WriteString(`# protoevents compat vs buf breaking (WIRE_JSON)
 
@@ -152,6 +156,9 @@ IDs ` + "`buf breaking --against`" + ` reports with category WIRE_JSON. "Same" m
 finding of one side has an equivalent on the other (mapping below). The reason for every
 difference is written by hand in the case's case.json (buf_note); the test fails when a
 difference has no reason or this file is stale.
+
+buf version: ` + strings.TrimSpace(string(version)) + ` (another version may report differently: rerun with -update
+and review).
 
 | Case | protoevents | buf WIRE_JSON | Same | Why they differ |
 | --- | --- | --- | --- | --- |
