@@ -23,6 +23,7 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"io"
@@ -32,16 +33,25 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/pluginpb"
 
+	"github.com/protoevents/protoevents/internal/compat"
 	"github.com/protoevents/protoevents/internal/gen"
 )
 
-const usage = `protoc-gen-events is a plugin for protoc and buf, not a command to run by hand:
-it reads a CodeGeneratorRequest on stdin and writes a CodeGeneratorResponse on stdout.
+const usage = `protoc-gen-events is a plugin for protoc and buf: run without arguments, it reads a
+CodeGeneratorRequest on stdin and writes a CodeGeneratorResponse on stdout.
 See https://github.com/protoevents/protoevents for how to use it.
 
-Flags:
-  -h, --help     Print this help and exit.
-      --version  Print the version and exit.`
+Usage:
+  protoc-gen-events                    run as a plugin (protoc, buf generate)
+  protoc-gen-events compat [flags]     check event schemas for breaking changes
+                                       ("protoc-gen-events compat -h" for its flags)
+  protoc-gen-events --version          print the version
+  protoc-gen-events -h | --help        print this help
+
+Plugin parameters (buf.gen.yaml opt, or protoc --events_opt):
+  lock=<path>   compare the schemas with the committed snapshot at <path>
+                (e.g. events.lock), fail on breaking changes, and rewrite the
+                snapshot when the change is compatible. Needs strategy: all.`
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
@@ -57,6 +67,8 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	case len(args) == 1 && (args[0] == "-h" || args[0] == "--help"):
 		fmt.Fprintln(stdout, usage)
 		return 0
+	case len(args) > 0 && args[0] == "compat":
+		return compat.RunCLI(context.Background(), args[1:], stdout, stderr)
 	case len(args) != 0:
 		fmt.Fprintln(stderr, usage)
 		return 2
@@ -82,12 +94,19 @@ func plugin(stdin io.Reader, stdout io.Writer) error {
 	}
 	// Plugin parameters other than protogen's own (module=, paths=, M...).
 	var flags flag.FlagSet
+	lock := flags.String("lock", "", "path of the events.lock snapshot to check against and update")
 	p, err := protogen.Options{ParamFunc: flags.Set}.New(req)
 	if err != nil {
 		return err
 	}
 	if err := gen.Generate(p); err != nil {
 		p.Error(err)
+	} else if *lock != "" {
+		// Only valid schemas are compared: the compat rules assume the
+		// event options themselves are sound.
+		if err := compat.CheckGeneration(p, *lock); err != nil {
+			p.Error(err)
+		}
 	}
 	out, err := proto.Marshal(p.Response())
 	if err != nil {

@@ -1,0 +1,109 @@
+package compat
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+
+	"google.golang.org/protobuf/compiler/protogen"
+	"google.golang.org/protobuf/reflect/protoreflect"
+)
+
+// CheckGeneration is the plugin side of the check, run by protoc-gen-events
+// when its parameter lock=<path> is set. It snapshots the events of the
+// request's files to generate, compares them with the lock at lockPath
+// (a missing lock is a first run and passes), and:
+//
+//   - returns an error listing every breaking change, one per line, when
+//     there is any, so buf generate fails and writes nothing;
+//   - otherwise emits the updated lock through the plugin, as a generated
+//     file named lockPath, when its content changed (buf writes it under the
+//     plugin's out directory).
+//
+// lockPath is read relative to the working directory of buf generate and
+// written relative to the plugin's out directory: with out: "." (as in this
+// project's buf.gen.yaml) the two are the same file. It must be a relative,
+// slash-separated path inside the out directory.
+//
+// The check needs every event in one request: configure the plugin with
+// strategy: all in buf.gen.yaml, or events of other directories are reported
+// as removed.
+func CheckGeneration(p *protogen.Plugin, lockPath string) error {
+	clean := path.Clean(filepath.ToSlash(lockPath))
+	if lockPath == "" || path.IsAbs(clean) || filepath.IsAbs(lockPath) || clean == ".." || strings.HasPrefix(clean, "../") {
+		return fmt.Errorf("compat: lock=%q: want a relative path inside the plugin's out directory, e.g. lock=events.lock", lockPath)
+	}
+	var files []protoreflect.FileDescriptor
+	for _, f := range p.Files {
+		if f.Generate {
+			files = append(files, f.Desc)
+		}
+	}
+	cur, err := Snapshot(files)
+	if err != nil {
+		return err
+	}
+	next, err := cur.Marshal()
+	if err != nil {
+		return err
+	}
+	prev, err := os.ReadFile(lockPath)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		prev = nil
+	case err != nil:
+		return fmt.Errorf("compat: read lock: %w", err)
+	default:
+		old, err := ParseLock(prev)
+		if err != nil {
+			return fmt.Errorf("compat: %s: %w", lockPath, err)
+		}
+		if findings := Compare(old, cur, files...); len(findings) > 0 {
+			return breakingError(lockPath, findings)
+		}
+	}
+	if bytes.Equal(prev, next) {
+		return nil
+	}
+	name := clean
+	if m := moduleParam(p); m != "" {
+		name = m + "/" + clean
+	}
+	g := p.NewGeneratedFile(name, "")
+	if _, err := g.Write(next); err != nil {
+		return fmt.Errorf("compat: write lock: %w", err)
+	}
+	return nil
+}
+
+// breakingError lists findings one per line under a header naming the lock.
+func breakingError(lockPath string, findings []Finding) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d breaking event schema change(s) against %s:", len(findings), lockPath)
+	for _, f := range findings {
+		b.WriteString("\n")
+		b.WriteString(f.String())
+	}
+	return errors.New(b.String())
+}
+
+// moduleParam returns the value of the request's module= parameter: with it,
+// protogen requires every generated file name to start with the module path
+// (and strips it), so the lock's name must carry it too.
+func moduleParam(p *protogen.Plugin) string {
+	if p.Request == nil {
+		return ""
+	}
+	var module string
+	for _, param := range strings.Split(p.Request.GetParameter(), ",") {
+		if k, v, ok := strings.Cut(param, "="); ok && k == "module" {
+			module = v
+		}
+	}
+	return module
+}
