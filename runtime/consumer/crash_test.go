@@ -9,6 +9,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -55,6 +56,25 @@ func TestHelperProcess(t *testing.T) {
 	}
 }
 
+// lockedBuffer collects the children's output; os/exec copies into it
+// from its own goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 // TestCrashKill kills the consumer process (SIGKILL) at random points while
 // it works through 5,000 events on 3 partitions, restarting it each time:
 // in the end every event is applied exactly once. Kafka (kfake) lives in
@@ -75,7 +95,7 @@ func TestCrashKill(t *testing.T) {
 	}
 	b.produce(t, msgs...)
 
-	var logs bytes.Buffer
+	var logs lockedBuffer
 	spawn := func() *exec.Cmd {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
 		cmd.Env = append(os.Environ(),
