@@ -403,3 +403,46 @@ func TestCancelIsNotAFailure(t *testing.T) {
 		t.Fatalf("DLQ after cancel: %v, %v", es, err)
 	}
 }
+
+// TestDLQPublishFailureHoldsOffset: while the DLQ cannot be written (its
+// topic is missing), the failed message's offset is not committed and the
+// partition waits; once the topic exists, the message lands in the DLQ and
+// the partition goes on. A message is never dropped.
+func TestDLQPublishFailureHoldsOffset(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	b.d.DLQTopic = b.topic + ".dlq-late" // not created by setup
+	b.produce(t, kafka.Message{Value: []byte("{garbage")}, message(t, b.event(t, "a", 1), nil))
+	var dead counter
+	r := start(t, b.newConsumer(t, "late", b.handler("late", nil), WithCommitInterval(0), WithHooks(Hooks{
+		DeadLettered: func(DeadLetter) { dead.inc() },
+	})))
+	time.Sleep(time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	committed := func() int64 {
+		resp, err := b.kafka.Client().OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: "late", Topics: map[string][]int{b.topic: {0}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.Topics[b.topic][0].CommittedOffset
+	}
+	if n := query(t, b.pool, `SELECT count(*) FROM effects`); n != 0 || dead.get() != 0 {
+		t.Fatalf("partition moved past an undeliverable dead letter: %d effects, %d dead letters", n, dead.get())
+	}
+	if off := committed(); off >= 0 {
+		t.Fatalf("offset %d committed while the DLQ publish was failing", off)
+	}
+	if err := b.kafka.CreateTopics(ctx, 1, b.d.DLQTopic); err != nil {
+		t.Fatal(err)
+	}
+	entries := b.dlqEntries(t, 1, 30*time.Second)
+	b.effectsAtLeast(t, 1, 20*time.Second)
+	waitFor(t, 10*time.Second, "offset commit", func() (bool, string) { off := committed(); return off == 2, fmt.Sprint(off) })
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if len(entries) != 1 || entries[0].OriginalOffset != 0 || dead.get() != 1 {
+		t.Fatalf("DLQ %+v, %d alerts; want the garbage message once", entries, dead.get())
+	}
+}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/protoevents/protoevents/internal/kafkacluster"
 	"github.com/protoevents/protoevents/internal/testenv"
+	events "github.com/protoevents/protoevents/runtime"
 )
 
 // Environment of the consumer child process of TestCrashKill.
@@ -49,7 +50,12 @@ func TestHelperProcess(t *testing.T) {
 	}
 	defer pool.Close()
 	b := &bundle{pool: pool, kafka: &kafkacluster.Cluster{Brokers: strings.Split(os.Getenv(envChildBrokers), ",")}, d: descriptorFor(os.Getenv(envChildTopic))}
-	c := b.newConsumer(t, "crash", b.handler("crash", nil), WithCommitInterval(50*time.Millisecond),
+	// Duplicates are recorded outside the transaction, so the parent can
+	// tell that kills did hit between a DB commit and its offset commit.
+	seen := Hooks{Duplicate: func(events.Delivery, string) {
+		_, _ = pool.Exec(context.Background(), `INSERT INTO redeliveries DEFAULT VALUES`)
+	}}
+	c := b.newConsumer(t, "crash", b.handler("crash", nil), WithCommitInterval(50*time.Millisecond), WithHooks(seen),
 		WithGroupTimeouts(100*time.Millisecond, 600*time.Millisecond, time.Second))
 	if err := c.Run(ctx); err != nil {
 		t.Fatal(err)
@@ -94,6 +100,9 @@ func TestCrashKill(t *testing.T) {
 		msgs[i] = message(t, b.event(t, "key-"+strconv.Itoa(i%50), i), nil)
 	}
 	b.produce(t, msgs...)
+	if _, err := b.pool.Exec(context.Background(), `CREATE TABLE redeliveries (at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		t.Fatal(err)
+	}
 
 	var logs lockedBuffer
 	spawn := func() *exec.Cmd {
@@ -117,21 +126,27 @@ func TestCrashKill(t *testing.T) {
 	}
 	applied := func() int64 { return query(t, b.pool, `SELECT count(*) FROM effects`) }
 
-	// A kill counts when the consumer made progress and had work left.
+	// Each round kills the consumer once it has applied a random number of
+	// further events (or after 20s), so kills land at random points of the
+	// stream however fast the machine is. A kill counts when the consumer
+	// made progress and still had work left.
 	midStream, prev := 0, int64(0)
-	for round := 0; round < 10 && midStream < 4; round++ {
+	for round := 0; round < 5; round++ {
+		target := prev + 1 + int64(rand.IntN(800))
 		cmd := spawn()
-		time.Sleep(time.Duration(400+rand.IntN(900)) * time.Millisecond)
+		for deadline := time.Now().Add(20 * time.Second); applied() < target && time.Now().Before(deadline); {
+			time.Sleep(time.Duration(1+rand.IntN(3)) * time.Millisecond)
+		}
 		kill(cmd)
 		got := applied()
-		t.Logf("killed consumer %d with %d/%d events applied", round+1, got, n)
-		if got >= n {
-			break
-		}
-		if got > prev {
+		t.Logf("killed consumer %d with %d/%d events applied (aimed at %d)", round+1, got, n, target)
+		if got > prev && got < n {
 			midStream++
 		}
 		prev = got
+		if got >= n {
+			break
+		}
 	}
 	if midStream < 3 {
 		t.Fatalf("only %d kills landed mid-stream; the test proved nothing\n%s", midStream, logs.String())
@@ -152,5 +167,10 @@ func TestCrashKill(t *testing.T) {
 	if bad := query(t, b.pool, `SELECT count(*) FROM (
 		SELECT n < lag(n) OVER (PARTITION BY k ORDER BY seq) AS backwards FROM effects) x WHERE backwards`); bad != 0 {
 		t.Fatalf("%d events applied before an older event of their key", bad)
+	}
+	redelivered := query(t, b.pool, `SELECT count(*) FROM redeliveries`)
+	t.Logf("%d applied events were redelivered after a kill and skipped", redelivered)
+	if redelivered == 0 {
+		t.Fatal("no kill landed between a DB commit and its offset commit; dedup was never exercised")
 	}
 }
