@@ -9,13 +9,33 @@
 // re-send, rebalance, crash before the offset commit) finds its dedup row and
 // skips the handler, so each event ID is applied once per consumer name.
 //
-// Every assigned partition has its own goroutine and its own fetcher, so a
+// Every assigned partition has its own goroutine and its own fetcher
+// (kafka-go's ConsumerGroup, one Generation.Start per partition), so a
 // partition that is retrying a failing message blocks only itself: order
-// within a partition (and so per key) is kept, the others go on. A message
-// that keeps failing, or fails permanently, is published with its original
-// key, value and headers plus dlq_* headers (see HeaderDLQError) to the
-// event's DLQ topic, and then its offset is committed. ListDLQ and Redrive
-// inspect and replay the DLQ.
+// within a partition (and so per key) is kept, the others go on.
+//
+// # Failures
+//
+// A handler error or panic rolls the transaction back and is retried with
+// exponential backoff and jitter, up to WithMaxAttempts (default 5). Errors
+// wrapped with Permanent, envelopes that do not decode, another event type
+// and a schema_version newer than the descriptor's are not retried. Then the
+// message, with its original key, value and headers plus the dlq_* headers
+// (HeaderDLQError and the others below), is published to the event's DLQ
+// topic (Descriptor.DLQTopic, default "<topic>.dlq", which must exist); then
+// its offset is committed; then Hooks.DeadLettered fires. A DLQ publish that
+// fails is retried until it succeeds, with the offset uncommitted: a message
+// is never dropped. Failures of the dedup step itself (database down) are
+// retried without limit and never dead-letter. Cancelling Run's context is
+// not a failure: the attempt rolls back and the message is redelivered.
+// ListDLQ and Redrive inspect and replay a DLQ without a running consumer.
+//
+// # Retention
+//
+// Dedup rows must outlive every copy of their event on Kafka, or a late
+// redelivery would apply it again. Prune (and WithPruning) refuse a
+// retention below WithRetentionFloor, default 7 days; keep the retention at
+// least as long as the consumed topics' retention.ms.
 package consumer
 
 import (
@@ -187,12 +207,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 		cancel(err)
 	}
 
+	transport := transportFor(c.s.dialer)
+	defer transport.CloseIdleConnections()
 	c.writer = &kafka.Writer{
 		Addr:         kafka.TCP(c.cfg.Brokers...),
 		Topic:        c.dlq,
 		Balancer:     &kafka.Hash{},
 		RequiredAcks: kafka.RequireAll,
 		BatchTimeout: 5 * time.Millisecond,
+		Transport:    transport,
 	}
 	defer func() {
 		if err := c.writer.Close(); err != nil {
@@ -210,6 +233,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		ID:                c.cfg.GroupID,
 		Brokers:           c.cfg.Brokers,
 		Topics:            []string{c.d.Topic},
+		Dialer:            c.s.dialer,
 		HeartbeatInterval: c.s.heartbeat,
 		SessionTimeout:    c.s.session,
 		RebalanceTimeout:  c.s.rebalance,

@@ -141,9 +141,9 @@ type dlqSettings struct {
 	maxWait time.Duration
 }
 
-// WithDialer sets the dialer (TLS, SASL, timeouts) ListDLQ and Redrive use;
-// default kafka.DefaultDialer.
-func WithDialer(d *kafka.Dialer) DLQOption {
+// WithDLQDialer sets the dialer (TLS, SASL, timeouts) ListDLQ and Redrive
+// use; default kafka.DefaultDialer.
+func WithDLQDialer(d *kafka.Dialer) DLQOption {
 	return func(s *dlqSettings) {
 		if d != nil {
 			s.dialer = d
@@ -307,12 +307,14 @@ func Redrive(ctx context.Context, brokers []string, dlqTopic string, sel Selecto
 	if len(msgs) == 0 {
 		return nil, nil
 	}
+	transport := transportFor(s.dialer)
+	defer transport.CloseIdleConnections()
 	w := &kafka.Writer{
 		Addr:         kafka.TCP(brokers...),
 		Balancer:     originalPartition{},
 		RequiredAcks: kafka.RequireAll,
 		BatchTimeout: 5 * time.Millisecond,
-		Transport:    &kafka.Transport{Dial: s.dialer.DialFunc, SASL: s.dialer.SASLMechanism, TLS: s.dialer.TLS, ClientID: s.dialer.ClientID},
+		Transport:    transport,
 	}
 	if err := w.WriteMessages(ctx, msgs...); err != nil {
 		_ = w.Close()
@@ -334,4 +336,9 @@ func (originalPartition) Balance(m kafka.Message, partitions ...int) int {
 		return m.Partition
 	}
 	return (&kafka.Hash{}).Balance(m, partitions...)
+}
+
+// transportFor gives a Writer the connection settings of a Dialer.
+func transportFor(d *kafka.Dialer) *kafka.Transport {
+	return &kafka.Transport{Dial: d.DialFunc, SASL: d.SASLMechanism, TLS: d.TLS, ClientID: d.ClientID}
 }

@@ -43,6 +43,7 @@ type settings struct {
 	pruneOlderThan time.Duration
 	pruneBatch     int
 	maxErrorBytes  int
+	dialer         *kafka.Dialer
 
 	// Test seams, unexported on purpose.
 	afterDBCommit func(kafka.Message) error // a non-nil error aborts Run before the offset is marked
@@ -64,6 +65,7 @@ func defaultSettings() settings {
 		pruneBatch:     DefaultPruneBatch,
 		maxErrorBytes:  DefaultMaxErrorBytes,
 		maxWait:        250 * time.Millisecond,
+		dialer:         kafka.DefaultDialer,
 	}
 }
 
@@ -233,6 +235,17 @@ func WithMaxErrorBytes(n int) Option {
 			return
 		}
 		c.s.maxErrorBytes = n
+	}
+}
+
+// WithKafkaDialer sets the dialer (TLS, SASL, timeouts, client ID) for
+// every connection the consumer makes: group coordination, fetching and DLQ
+// publishing. Default kafka.DefaultDialer.
+func WithKafkaDialer(d *kafka.Dialer) Option {
+	return func(c *Consumer) {
+		if d != nil {
+			c.s.dialer = d
+		}
 	}
 }
 

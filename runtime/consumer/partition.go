@@ -62,6 +62,7 @@ func (c *Consumer) runPartition(ctx, gctx context.Context, gen *kafka.Generation
 		Brokers:     c.cfg.Brokers,
 		Topic:       topic,
 		Partition:   a.ID,
+		Dialer:      c.s.dialer,
 		MinBytes:    1,
 		MaxBytes:    10 << 20,
 		MaxWait:     c.s.maxWait,
