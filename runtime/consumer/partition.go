@@ -45,10 +45,13 @@ type infraError struct{ err error }
 func (e *infraError) Error() string { return e.err.Error() }
 func (e *infraError) Unwrap() error { return e.err }
 
-// runPartition consumes one partition until the generation ends or ctx is
-// cancelled. It returns an error only when the consumer must stop.
-func (c *Consumer) runPartition(ctx, gctx context.Context, gen *kafka.Generation, topic string, a kafka.PartitionAssignment) error {
-	ctx, cancel := context.WithCancel(ctx)
+// runPartition consumes one partition until the generation ends. Its
+// context carries the values of Run's context but only the generation's
+// cancellation: Run ends the generation by closing the group, so partitions
+// never end (and so restart) a generation on their own during shutdown. It
+// returns an error only when the consumer must stop.
+func (c *Consumer) runPartition(runCtx, gctx context.Context, gen *kafka.Generation, topic string, a kafka.PartitionAssignment) error {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(runCtx))
 	defer cancel()
 	stop := context.AfterFunc(gctx, cancel)
 	defer stop()
