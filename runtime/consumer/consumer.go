@@ -1,21 +1,58 @@
 // Package consumer runs idempotent Kafka consumers: each message is
 // deduplicated and handled in one Postgres transaction, and its offset is
 // committed only after that transaction commits.
+//
+// The loop, per message: decode the envelope, begin a transaction, insert
+// (consumer name, event ID) into the dedup table with ON CONFLICT DO
+// NOTHING; if the row is new, run the handler in the same transaction;
+// commit; only then mark the offset for commit. A redelivered event (relay
+// re-send, rebalance, crash before the offset commit) finds its dedup row and
+// skips the handler, so each event ID is applied once per consumer name.
+//
+// Every assigned partition has its own goroutine and its own fetcher
+// (kafka-go's ConsumerGroup, one Generation.Start per partition), so a
+// partition that is retrying a failing message blocks only itself: order
+// within a partition (and so per key) is kept, the others go on.
+//
+// # Failures
+//
+// A handler error or panic rolls the transaction back and is retried with
+// exponential backoff and jitter, up to WithMaxAttempts (default 5). Errors
+// wrapped with Permanent, envelopes that do not decode, another event type
+// and a schema_version newer than the descriptor's are not retried. Then the
+// message, with its original key, value and headers plus the dlq_* headers
+// (HeaderDLQError and the others below), is published to the event's DLQ
+// topic (Descriptor.DLQTopic, default "<topic>.dlq", which must exist); then
+// its offset is committed; then Hooks.DeadLettered fires. A DLQ publish that
+// fails is retried until it succeeds, with the offset uncommitted: a message
+// is never dropped. Failures of the dedup step itself (database down) are
+// retried without limit and never dead-letter. Cancelling Run's context is
+// not a failure: the attempt rolls back and the message is redelivered.
+// ListDLQ and Redrive inspect and replay a DLQ without a running consumer.
+//
+// # Retention
+//
+// Dedup rows must outlive every copy of their event on Kafka, or a late
+// redelivery would apply it again. Prune (and WithPruning) refuse a
+// retention below WithRetentionFloor, default 7 days; keep the retention at
+// least as long as the consumed topics' retention.ms.
 package consumer
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
 
 	events "github.com/protoevents/protoevents/runtime"
 )
-
-// errNotImplemented marks the API skeleton; the implementation replaces it.
-var errNotImplemented = errors.New("consumer: not implemented")
 
 // Config is what every consumer needs: who it is, where the events come
 // from, and the database its handler writes to.
@@ -31,7 +68,9 @@ type Config struct {
 	DB *pgxpool.Pool
 }
 
-// Option changes an optional setting of a Consumer.
+// Option changes an optional setting of a Consumer. The schema options
+// (WithTable, WithRetentionFloor, WithPruneBatch) are also read by Migrate
+// and Prune.
 type Option func(*Consumer)
 
 // Handler handles decoded events of one type inside the dedup transaction.
@@ -39,7 +78,10 @@ type Option func(*Consumer)
 type Handler interface {
 	// Descriptor describes the event type the handler consumes.
 	Descriptor() *events.Descriptor
-	// Handle applies one event; tx is the dedup transaction.
+	// Handle applies one event; tx is the dedup transaction. Handle must not
+	// commit or roll back tx. An error (or panic) rolls the transaction back
+	// and the message is retried; wrap the error with Permanent to send the
+	// message to the DLQ at once.
 	Handle(ctx context.Context, tx pgx.Tx, meta events.Meta, ev events.Event) error
 }
 
@@ -58,27 +100,215 @@ func (b boundHandler[T]) Descriptor() *events.Descriptor { return b.d }
 func (b boundHandler[T]) Handle(ctx context.Context, tx pgx.Tx, meta events.Meta, ev events.Event) error {
 	t, ok := ev.(T)
 	if !ok {
-		return fmt.Errorf("consumer: handler for %s got a %T", b.d.Type, ev)
+		return Permanent(fmt.Errorf("consumer: handler for %s got a %T", b.d.Type, ev))
 	}
 	return b.fn(ctx, tx, meta, t)
 }
 
-// Consumer consumes one event type from its topic.
+// Consumer consumes one event type from its topic. Build it with New and
+// call Run once.
 type Consumer struct {
-	cfg Config
-	h   Handler
+	cfg     Config
+	h       Handler
+	d       *events.Descriptor
+	dlq     string
+	s       settings
+	sql     *sqlSet
+	log     *slog.Logger
+	sem     chan struct{}
+	writer  *kafka.Writer
+	running atomic.Bool
+	aborted atomic.Bool
 }
 
-// New returns a Consumer that feeds the events of h's type to h.
+// New returns a Consumer that feeds the events of h's type to h. It checks
+// the configuration but does not connect; Run does.
 func New(cfg Config, h Handler, opts ...Option) (*Consumer, error) {
-	c := &Consumer{cfg: cfg, h: h}
+	c := &Consumer{cfg: cfg, h: h, s: defaultSettings()}
 	for _, o := range opts {
-		o(c)
+		if o != nil {
+			o(c)
+		}
 	}
+	errs := c.s.errs
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("consumer: "+format, args...)) }
+	if cfg.Name == "" {
+		bad("config: Name is empty")
+	}
+	if len(cfg.Brokers) == 0 {
+		bad("config: Brokers is empty")
+	}
+	if cfg.DB == nil {
+		bad("config: DB is nil")
+	}
+	if h == nil || h.Descriptor() == nil {
+		bad("handler or its descriptor is nil")
+	} else {
+		c.d = h.Descriptor()
+		switch {
+		case c.d.Type == "" || c.d.Topic == "":
+			bad("descriptor: Type and Topic are required")
+		case c.d.New == nil:
+			bad("descriptor of %s: New is nil", c.d.Type)
+		case c.d.Version < 1:
+			bad("descriptor of %s: Version %d < 1", c.d.Type, c.d.Version)
+		}
+		c.dlq = c.d.DLQTopic
+		if c.dlq == "" {
+			c.dlq = c.d.Topic + ".dlq"
+		}
+	}
+	if c.s.pruneEvery > 0 && c.s.pruneOlderThan < c.s.retentionFloor {
+		bad("pruning: retention %v is below the floor %v", c.s.pruneOlderThan, c.s.retentionFloor)
+	}
+	var err error
+	if c.sql, err = renderSQL(c.s.table); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	if c.cfg.GroupID == "" {
+		c.cfg.GroupID = c.cfg.Name
+	}
+	if c.s.concurrency > 0 {
+		c.sem = make(chan struct{}, c.s.concurrency)
+	}
+	c.log = c.s.logger.With("consumer", c.cfg.Name, "topic", c.d.Topic)
 	return c, nil
 }
 
-// Run consumes until ctx is cancelled or a fatal error occurs.
+// DLQTopic returns the topic the consumer dead-letters messages to: the
+// descriptor's DLQTopic, or "<topic>.dlq".
+func (c *Consumer) DLQTopic() string { return c.dlq }
+
+// Run joins the consumer group and consumes until ctx is cancelled, then
+// commits the offsets of the messages already handled, leaves the group and
+// returns nil. A message being handled when ctx is cancelled is rolled back
+// and redelivered later; cancellation never counts as a failure. Run may be
+// called once.
 func (c *Consumer) Run(ctx context.Context) error {
-	return errNotImplemented
+	if !c.running.CompareAndSwap(false, true) {
+		return errors.New("consumer: Run called twice")
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var (
+		fatalMu sync.Mutex
+		fatal   error
+	)
+	abort := func(err error) {
+		fatalMu.Lock()
+		if fatal == nil {
+			fatal = err
+		}
+		fatalMu.Unlock()
+		c.aborted.Store(true)
+		cancel(err)
+	}
+
+	transport := transportFor(c.s.dialer)
+	defer transport.CloseIdleConnections()
+	c.writer = &kafka.Writer{
+		Addr:         kafka.TCP(c.cfg.Brokers...),
+		Topic:        c.dlq,
+		Balancer:     &kafka.Hash{},
+		RequiredAcks: kafka.RequireAll,
+		BatchTimeout: 5 * time.Millisecond,
+		Transport:    transport,
+	}
+	defer func() {
+		if err := c.writer.Close(); err != nil {
+			c.log.Warn("consumer: close DLQ writer", "err", err)
+		}
+	}()
+
+	var bg sync.WaitGroup
+	defer bg.Wait()
+	if c.s.pruneEvery > 0 {
+		bg.Go(func() { c.pruneLoop(ctx) })
+	}
+
+	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
+		ID:                c.cfg.GroupID,
+		Brokers:           c.cfg.Brokers,
+		Topics:            []string{c.d.Topic},
+		Dialer:            c.s.dialer,
+		HeartbeatInterval: c.s.heartbeat,
+		SessionTimeout:    c.s.session,
+		RebalanceTimeout:  c.s.rebalance,
+		JoinGroupBackoff:  c.s.joinBackoff,
+		StartOffset:       c.s.startOffset,
+		ErrorLogger:       kafka.LoggerFunc(func(msg string, args ...any) { c.log.Debug(fmt.Sprintf(msg, args...)) }),
+	})
+	if err != nil {
+		cancel(nil)
+		return fmt.Errorf("consumer: %s: consumer group: %w", c.cfg.Name, err)
+	}
+	c.log.Info("consumer: started", "group", c.cfg.GroupID, "dlq", c.dlq)
+	for {
+		gen, err := cg.Next(ctx)
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, kafka.ErrGroupClosed) {
+				break
+			}
+			// The group retries joining by itself, with backoff.
+			c.log.Warn("consumer: join group", "group", c.cfg.GroupID, "err", err)
+			continue
+		}
+		c.log.Debug("consumer: new generation", "generation", gen.ID, "assignments", gen.Assignments)
+		for topic, parts := range gen.Assignments {
+			for _, a := range parts {
+				gen.Start(func(gctx context.Context) {
+					if err := c.runPartition(ctx, gctx, gen, topic, a); err != nil {
+						abort(err)
+					}
+				})
+			}
+		}
+	}
+	// Close ends the current generation, waits for its partition
+	// goroutines (which commit what they handled) and leaves the group.
+	if err := cg.Close(); err != nil {
+		c.log.Warn("consumer: leave group", "err", err)
+	}
+	cancel(nil)
+	bg.Wait()
+	c.log.Info("consumer: stopped")
+	fatalMu.Lock()
+	defer fatalMu.Unlock()
+	return fatal
+}
+
+// acquire takes a concurrency slot, if concurrency is bounded.
+func (c *Consumer) acquire(ctx context.Context) (release func(), err error) {
+	if c.sem == nil {
+		return func() {}, nil
+	}
+	select {
+	case c.sem <- struct{}{}:
+		return func() { <-c.sem }, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// pruneLoop prunes the dedup table every pruneEvery until ctx ends.
+func (c *Consumer) pruneLoop(ctx context.Context) {
+	t := time.NewTicker(c.s.pruneEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		n, err := prune(ctx, c.cfg.DB, c.sql, c.s.pruneOlderThan, c.s.pruneBatch)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			c.log.Warn("consumer: prune", "err", err)
+		case n > 0:
+			c.log.Info("consumer: pruned dedup rows", "rows", n, "older_than", c.s.pruneOlderThan)
+		}
+	}
 }

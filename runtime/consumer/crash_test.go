@@ -1,0 +1,176 @@
+package consumer
+
+import (
+	"bytes"
+	"context"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/protoevents/protoevents/internal/kafkacluster"
+	"github.com/protoevents/protoevents/internal/testenv"
+	events "github.com/protoevents/protoevents/runtime"
+)
+
+// Environment of the consumer child process of TestCrashKill.
+const (
+	envChild        = "PROTOEVENTS_CONSUMER_CHILD"
+	envChildDB      = "PROTOEVENTS_CONSUMER_CHILD_DB"
+	envChildSchema  = "PROTOEVENTS_CONSUMER_CHILD_SCHEMA"
+	envChildBrokers = "PROTOEVENTS_CONSUMER_CHILD_BROKERS"
+	envChildTopic   = "PROTOEVENTS_CONSUMER_CHILD_TOPIC"
+)
+
+// TestHelperProcess is the consumer process TestCrashKill starts and kills;
+// it does nothing in a normal test run.
+func TestHelperProcess(t *testing.T) {
+	if os.Getenv(envChild) != "1" {
+		t.Skip("child process of TestCrashKill")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	cfg, err := pgxpool.ParseConfig(os.Getenv(envChildDB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(envChildSchema)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	b := &bundle{pool: pool, kafka: &kafkacluster.Cluster{Brokers: strings.Split(os.Getenv(envChildBrokers), ",")}, d: descriptorFor(os.Getenv(envChildTopic))}
+	// Duplicates are recorded outside the transaction, so the parent can
+	// tell that kills did hit between a DB commit and its offset commit.
+	seen := Hooks{Duplicate: func(events.Delivery, string) {
+		_, _ = pool.Exec(context.Background(), `INSERT INTO redeliveries DEFAULT VALUES`)
+	}}
+	c := b.newConsumer(t, "crash", b.handler("crash", nil), WithCommitInterval(50*time.Millisecond), WithHooks(seen),
+		WithGroupTimeouts(100*time.Millisecond, 600*time.Millisecond, time.Second))
+	if err := c.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// lockedBuffer collects the children's output; os/exec copies into it
+// from its own goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestCrashKill kills the consumer process (SIGKILL) at random points while
+// it works through 5,000 events on 3 partitions, restarting it each time:
+// in the end every event is applied exactly once. Kafka (kfake) lives in
+// this process, so it survives its consumers.
+func TestCrashKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills child processes; skipped with -short")
+	}
+	t.Parallel()
+	b := setup(t, 3)
+	if b.kafka.Fake == nil {
+		t.Skip("needs the in-process cluster's short session timeouts")
+	}
+	const n = 5000
+	msgs := make([]kafka.Message, n)
+	for i := range msgs {
+		msgs[i] = message(t, b.event(t, "key-"+strconv.Itoa(i%50), i), nil)
+	}
+	b.produce(t, msgs...)
+	if _, err := b.pool.Exec(context.Background(), `CREATE TABLE redeliveries (at timestamptz NOT NULL DEFAULT now())`); err != nil {
+		t.Fatal(err)
+	}
+
+	var logs lockedBuffer
+	spawn := func() *exec.Cmd {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+		cmd.Env = append(os.Environ(),
+			envChild+"=1",
+			envChildDB+"="+testenv.ServerURL(t),
+			envChildSchema+"="+b.schema,
+			envChildBrokers+"="+strings.Join(b.kafka.Brokers, ","),
+			envChildTopic+"="+b.topic,
+		)
+		cmd.Stdout, cmd.Stderr = &logs, &logs
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	kill := func(cmd *exec.Cmd) {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}
+	applied := func() int64 { return query(t, b.pool, `SELECT count(*) FROM effects`) }
+
+	// Each round kills the consumer once it has applied a random number of
+	// further events (or after 20s), so kills land at random points of the
+	// stream however fast the machine is. A kill counts when the consumer
+	// made progress and still had work left.
+	midStream, prev := 0, int64(0)
+	for round := 0; round < 5; round++ {
+		target := prev + 1 + int64(rand.IntN(800))
+		cmd := spawn()
+		for deadline := time.Now().Add(20 * time.Second); applied() < target && time.Now().Before(deadline); {
+			time.Sleep(time.Duration(1+rand.IntN(3)) * time.Millisecond)
+		}
+		kill(cmd)
+		got := applied()
+		t.Logf("killed consumer %d with %d/%d events applied (aimed at %d)", round+1, got, n, target)
+		if got > prev && got < n {
+			midStream++
+		}
+		prev = got
+		if got >= n {
+			break
+		}
+	}
+	if midStream < 3 {
+		t.Fatalf("only %d kills landed mid-stream; the test proved nothing\n%s", midStream, logs.String())
+	}
+	cmd := spawn()
+	defer kill(cmd)
+	waitFor(t, 60*time.Second, "all events applied", func() (bool, string) {
+		got := query(t, b.pool, `SELECT count(DISTINCT event_id) FROM effects`)
+		return got >= n, strconv.FormatInt(got, 10) + " applied\n" + logs.String()
+	})
+	time.Sleep(200 * time.Millisecond) // let a stray double application show
+	kill(cmd)
+	total, distinct := applied(), query(t, b.pool, `SELECT count(DISTINCT event_id) FROM effects`)
+	dedup := query(t, b.pool, `SELECT count(*) FROM consumed_events`)
+	if total != n || distinct != n || dedup != n {
+		t.Fatalf("%d effects of %d distinct events, %d dedup rows; want %d each", total, distinct, dedup, n)
+	}
+	if bad := query(t, b.pool, `SELECT count(*) FROM (
+		SELECT n < lag(n) OVER (PARTITION BY k ORDER BY seq) AS backwards FROM effects) x WHERE backwards`); bad != 0 {
+		t.Fatalf("%d events applied before an older event of their key", bad)
+	}
+	redelivered := query(t, b.pool, `SELECT count(*) FROM redeliveries`)
+	t.Logf("%d applied events were redelivered after a kill and skipped", redelivered)
+	if redelivered == 0 {
+		t.Fatal("no kill landed between a DB commit and its offset commit; dedup was never exercised")
+	}
+}

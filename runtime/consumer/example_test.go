@@ -1,0 +1,66 @@
+package consumer_test
+
+import (
+	"context"
+	"log"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	events "github.com/protoevents/protoevents/runtime"
+	"github.com/protoevents/protoevents/runtime/consumer"
+)
+
+// orderPlaced stands in for a generated event type.
+var orderPlaced = &events.Descriptor{Type: "orders.v1.OrderPlaced", Topic: "orders.order-placed.v1", Version: 1}
+
+// A consumer as generated code wires it: migrate the dedup table once, bind
+// a typed handler, run until SIGTERM. The handler writes through tx, so its
+// effects commit together with the dedup row.
+func Example() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	pool, err := pgxpool.New(ctx, "postgres://localhost/shipping")
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := consumer.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	h := consumer.Bind(orderPlaced, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev events.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO shipments (order_key, event_id) VALUES ($1, $2)`, ev.EventKey(), meta.EventID.String())
+		return err
+	})
+	c, err := consumer.New(consumer.Config{Name: "shipping", Brokers: []string{"localhost:9092"}, DB: pool}, h,
+		consumer.WithMaxAttempts(8),
+		consumer.WithPruning(time.Hour, 14*24*time.Hour),
+		consumer.WithHooks(consumer.Hooks{DeadLettered: func(dl consumer.DeadLetter) {
+			log.Printf("ALERT: %s gave up on %s at %s/%d/%d: %v", dl.Consumer, dl.EventID,
+				dl.Original.Topic, dl.Original.Partition, dl.Original.Offset, dl.Err)
+		}}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// Operators list a DLQ and redrive chosen entries once the handler is fixed.
+func ExampleRedrive() {
+	ctx := context.Background()
+	brokers := []string{"localhost:9092"}
+	entries, err := consumer.ListDLQ(ctx, brokers, "orders.order-placed.v1.dlq")
+	if err != nil {
+		log.Fatal(err)
+	}
+	for _, e := range entries {
+		log.Printf("%d/%d %s %s attempts=%d: %s", e.Partition, e.Offset, e.EventType, e.EventID, e.Attempts, e.Error)
+	}
+	if _, err := consumer.Redrive(ctx, brokers, "orders.order-placed.v1.dlq", consumer.SelectOffsets(0, 17, 18)); err != nil {
+		log.Fatal(err)
+	}
+}

@@ -1,0 +1,267 @@
+package consumer
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// Defaults of the optional settings.
+const (
+	DefaultMaxAttempts    = 5
+	DefaultBaseBackoff    = 100 * time.Millisecond
+	DefaultMaxBackoff     = 30 * time.Second
+	DefaultCommitInterval = time.Second
+	// DefaultRetentionFloor is the shortest retention Prune accepts unless
+	// WithRetentionFloor lowers it: Kafka's default log retention.
+	DefaultRetentionFloor = 7 * 24 * time.Hour
+	// DefaultMaxErrorBytes bounds the error text put in the DLQ header.
+	DefaultMaxErrorBytes = 4 << 10
+)
+
+// settings are the optional knobs, shared by New, Migrate and Prune.
+type settings struct {
+	table          string
+	maxAttempts    int
+	baseBackoff    time.Duration
+	maxBackoff     time.Duration
+	concurrency    int
+	commitInterval time.Duration
+	hooks          Hooks
+	logger         *slog.Logger
+	startOffset    int64
+	heartbeat      time.Duration
+	session        time.Duration
+	rebalance      time.Duration
+	joinBackoff    time.Duration
+	maxWait        time.Duration
+	retentionFloor time.Duration
+	pruneEvery     time.Duration
+	pruneOlderThan time.Duration
+	pruneBatch     int
+	maxErrorBytes  int
+	dialer         *kafka.Dialer
+
+	// Test seams, unexported on purpose.
+	afterDBCommit func(kafka.Message) error // a non-nil error aborts Run before the offset is marked
+	noDedup       bool                      // benchmark baseline: run the handler without the dedup insert
+
+	errs []error
+}
+
+func defaultSettings() settings {
+	return settings{
+		table:          DefaultTable,
+		maxAttempts:    DefaultMaxAttempts,
+		baseBackoff:    DefaultBaseBackoff,
+		maxBackoff:     DefaultMaxBackoff,
+		commitInterval: DefaultCommitInterval,
+		logger:         slog.Default(),
+		startOffset:    kafka.FirstOffset,
+		retentionFloor: DefaultRetentionFloor,
+		pruneBatch:     DefaultPruneBatch,
+		maxErrorBytes:  DefaultMaxErrorBytes,
+		maxWait:        250 * time.Millisecond,
+		dialer:         kafka.DefaultDialer,
+	}
+}
+
+func (s *settings) fail(format string, args ...any) {
+	s.errs = append(s.errs, fmt.Errorf("consumer: "+format, args...))
+}
+
+// settingsFrom applies opts to the defaults and reports invalid values.
+func settingsFrom(opts []Option) (settings, error) {
+	c := &Consumer{s: defaultSettings()}
+	for _, o := range opts {
+		if o != nil {
+			o(c)
+		}
+	}
+	return c.s, errors.Join(c.s.errs...)
+}
+
+// WithTable sets the dedup table, "table" or "schema.table"; default
+// "consumed_events". Migrate, New and Prune must agree on it.
+func WithTable(name string) Option {
+	return func(c *Consumer) {
+		if _, err := parseTable(name); err != nil {
+			c.s.errs = append(c.s.errs, err)
+			return
+		}
+		c.s.table = name
+	}
+}
+
+// WithMaxAttempts sets how often a failing message is tried before it goes
+// to the DLQ; default 5. A message marked Permanent is tried once.
+func WithMaxAttempts(n int) Option {
+	return func(c *Consumer) {
+		if n < 1 {
+			c.s.fail("max attempts %d < 1", n)
+			return
+		}
+		c.s.maxAttempts = n
+	}
+}
+
+// WithBackoff sets the retry backoff: attempt n waits about
+// base·2^(n-1), capped at max, with jitter; defaults 100ms and 30s.
+func WithBackoff(base, max time.Duration) Option {
+	return func(c *Consumer) {
+		if base <= 0 || max < base {
+			c.s.fail("backoff base %v, max %v: want 0 < base <= max", base, max)
+			return
+		}
+		c.s.baseBackoff, c.s.maxBackoff = base, max
+	}
+}
+
+// WithConcurrency bounds how many partitions run a handler at the same
+// time; 0 (the default) means one at a time per assigned partition, all in
+// parallel. Within a partition messages are always handled one by one, in
+// offset order.
+func WithConcurrency(n int) Option {
+	return func(c *Consumer) {
+		if n < 0 {
+			c.s.fail("concurrency %d < 0", n)
+			return
+		}
+		c.s.concurrency = n
+	}
+}
+
+// WithCommitInterval sets how often handled offsets are committed to Kafka;
+// default 1s. Offsets are also committed when a partition goes idle, after
+// a message was dead-lettered and on shutdown; 0 commits after every
+// message. An offset is only ever committed after its transaction
+// committed, so a longer interval costs only redeliveries (absorbed by the
+// dedup table) after a crash, never lost events.
+func WithCommitInterval(d time.Duration) Option {
+	return func(c *Consumer) {
+		if d < 0 {
+			c.s.fail("commit interval %v < 0", d)
+			return
+		}
+		c.s.commitInterval = d
+	}
+}
+
+// WithHooks installs observability callbacks.
+func WithHooks(h Hooks) Option {
+	return func(c *Consumer) { c.s.hooks = h }
+}
+
+// WithLogger sets the logger; default slog.Default().
+func WithLogger(l *slog.Logger) Option {
+	return func(c *Consumer) {
+		if l != nil {
+			c.s.logger = l
+		}
+	}
+}
+
+// WithStartFromLatest makes a consumer group without committed offsets
+// start at the end of the topic instead of the beginning (the default,
+// which applies every event still retained).
+func WithStartFromLatest() Option {
+	return func(c *Consumer) { c.s.startOffset = kafka.LastOffset }
+}
+
+// WithGroupTimeouts sets the consumer-group heartbeat interval, session
+// timeout and rebalance timeout (kafka-go defaults 3s, 30s, 30s when zero).
+// Shorter values make a dead consumer's partitions move sooner; the broker
+// bounds the session timeout (group.min.session.timeout.ms).
+func WithGroupTimeouts(heartbeat, session, rebalance time.Duration) Option {
+	return func(c *Consumer) {
+		if heartbeat < 0 || session < 0 || rebalance < 0 {
+			c.s.fail("negative group timeout")
+			return
+		}
+		c.s.heartbeat, c.s.session, c.s.rebalance = heartbeat, session, rebalance
+		if heartbeat > 0 {
+			c.s.joinBackoff = heartbeat
+		}
+	}
+}
+
+// WithRetentionFloor sets the shortest retention Prune accepts; default 7
+// days. Dedup rows must outlive every copy of their event on Kafka, so the
+// floor should be at least the topic's retention.ms.
+func WithRetentionFloor(d time.Duration) Option {
+	return func(c *Consumer) {
+		if d < 0 {
+			c.s.fail("retention floor %v < 0", d)
+			return
+		}
+		c.s.retentionFloor = d
+	}
+}
+
+// WithPruneBatch sets how many rows one pruning statement deletes; default
+// 5000. Smaller batches hold locks for less time.
+func WithPruneBatch(n int) Option {
+	return func(c *Consumer) {
+		if n < 1 {
+			c.s.fail("prune batch %d < 1", n)
+			return
+		}
+		c.s.pruneBatch = n
+	}
+}
+
+// WithPruning makes Run also prune dedup rows older than olderThan, every
+// interval, in the background (see Prune; the retention floor applies).
+// Several consumers may prune the same table.
+func WithPruning(every, olderThan time.Duration) Option {
+	return func(c *Consumer) {
+		if every <= 0 {
+			c.s.fail("prune interval %v <= 0", every)
+			return
+		}
+		c.s.pruneEvery, c.s.pruneOlderThan = every, olderThan
+	}
+}
+
+// WithMaxErrorBytes bounds the error text (and panic stack) recorded in the
+// DLQ's dlq_error header; default 4 KiB.
+func WithMaxErrorBytes(n int) Option {
+	return func(c *Consumer) {
+		if n < 64 {
+			c.s.fail("max error bytes %d < 64", n)
+			return
+		}
+		c.s.maxErrorBytes = n
+	}
+}
+
+// WithKafkaDialer sets the dialer (TLS, SASL, timeouts, client ID) for
+// every connection the consumer makes: group coordination, fetching and DLQ
+// publishing. Default kafka.DefaultDialer.
+func WithKafkaDialer(d *kafka.Dialer) Option {
+	return func(c *Consumer) {
+		if d != nil {
+			c.s.dialer = d
+		}
+	}
+}
+
+// withMaxWait sets how long a fetch waits for new messages (tests only).
+func withMaxWait(d time.Duration) Option {
+	return func(c *Consumer) { c.s.maxWait = d }
+}
+
+// withAfterDBCommit installs a test hook run after a message's transaction
+// committed and before its offset is marked; an error aborts Run with that
+// error, leaving the offset uncommitted, like a crash at that point.
+func withAfterDBCommit(fn func(kafka.Message) error) Option {
+	return func(c *Consumer) { c.s.afterDBCommit = fn }
+}
+
+// withoutDedup skips the dedup insert: the benchmark's baseline.
+func withoutDedup() Option {
+	return func(c *Consumer) { c.s.noDedup = true }
+}

@@ -1,0 +1,323 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"runtime/debug"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/segmentio/kafka-go"
+
+	events "github.com/protoevents/protoevents/runtime"
+	"github.com/protoevents/protoevents/runtime/envelope"
+)
+
+// partition is the state of one assigned partition during one generation.
+// Only its goroutine touches it.
+type partition struct {
+	c         *Consumer
+	gen       *kafka.Generation
+	topic     string
+	id        int
+	log       *slog.Logger
+	pending   int64 // next offset to commit: last handled offset + 1
+	committed int64 // last offset committed to the group
+	lastFlush time.Time
+}
+
+// errAbort marks errors that must stop the whole consumer (the crash test
+// seam), as opposed to ending the generation.
+type abortError struct{ err error }
+
+func (e *abortError) Error() string { return e.err.Error() }
+func (e *abortError) Unwrap() error { return e.err }
+
+// infraError marks a failure of the consumer's own database steps (begin,
+// dedup insert): not the message's fault, so retried without counting
+// towards MaxAttempts.
+type infraError struct{ err error }
+
+func (e *infraError) Error() string { return e.err.Error() }
+func (e *infraError) Unwrap() error { return e.err }
+
+// runPartition consumes one partition until the generation ends. Its
+// context carries the values of Run's context but only the generation's
+// cancellation: Run ends the generation by closing the group, so partitions
+// never end (and so restart) a generation on their own during shutdown. It
+// returns an error only when the consumer must stop.
+func (c *Consumer) runPartition(runCtx, gctx context.Context, gen *kafka.Generation, topic string, a kafka.PartitionAssignment) error {
+	ctx, cancel := context.WithCancel(context.WithoutCancel(runCtx))
+	defer cancel()
+	stop := context.AfterFunc(gctx, cancel)
+	defer stop()
+
+	p := &partition{
+		c: c, gen: gen, topic: topic, id: a.ID,
+		log:     c.log.With("partition", a.ID),
+		pending: -1, committed: -1, lastFlush: time.Now(),
+	}
+	r := kafka.NewReader(kafka.ReaderConfig{
+		Brokers:     c.cfg.Brokers,
+		Topic:       topic,
+		Partition:   a.ID,
+		Dialer:      c.s.dialer,
+		MinBytes:    1,
+		MaxBytes:    10 << 20,
+		MaxWait:     c.s.maxWait,
+		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) { p.log.Debug(fmt.Sprintf(msg, args...)) }),
+	})
+	defer func() {
+		if err := r.Close(); err != nil {
+			p.log.Debug("consumer: close reader", "err", err)
+		}
+	}()
+	if err := r.SetOffset(a.Offset); err != nil {
+		p.log.Warn("consumer: set offset", "offset", a.Offset, "err", err)
+		return nil
+	}
+	p.log.Debug("consumer: partition assigned", "offset", a.Offset, "generation", gen.ID)
+	for {
+		m, err := p.next(ctx, r)
+		if err == nil {
+			err = p.settle(ctx, m)
+		}
+		if err != nil {
+			var ab *abortError
+			if errors.As(err, &ab) {
+				return ab.err
+			}
+			if ctx.Err() == nil {
+				// Fetch or offset-commit failure: end the generation; the
+				// group rejoins and the dedup table absorbs redeliveries.
+				p.log.Warn("consumer: partition stopped", "err", err)
+			}
+			break
+		}
+	}
+	if !c.aborted.Load() {
+		if err := p.flush(); err != nil {
+			p.log.Debug("consumer: final offset commit", "err", err)
+		}
+	}
+	return nil
+}
+
+// next fetches the next message, committing handled offsets whenever the
+// commit interval has passed, also while waiting for new messages.
+func (p *partition) next(ctx context.Context, r *kafka.Reader) (kafka.Message, error) {
+	for {
+		if p.pending <= p.committed {
+			m, err := r.FetchMessage(ctx)
+			p.lag(m, err)
+			return m, err
+		}
+		wait := p.c.s.commitInterval - time.Since(p.lastFlush)
+		if wait <= 0 {
+			if err := p.flush(); err != nil {
+				return kafka.Message{}, err
+			}
+			continue
+		}
+		fctx, cancel := context.WithTimeout(ctx, wait)
+		m, err := r.FetchMessage(fctx)
+		cancel()
+		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			continue // idle: loop round to commit
+		}
+		p.lag(m, err)
+		return m, err
+	}
+}
+
+func (p *partition) lag(m kafka.Message, err error) {
+	if err == nil && p.c.s.hooks.Lag != nil {
+		p.c.s.hooks.Lag(p.topic, p.id, max(m.HighWaterMark-m.Offset-1, 0))
+	}
+}
+
+// done marks m handled: its offset may now be committed.
+func (p *partition) done(m kafka.Message) error {
+	p.pending = m.Offset + 1
+	if p.c.s.commitInterval == 0 {
+		return p.flush()
+	}
+	return nil
+}
+
+// flush commits the handled offset, if it moved.
+func (p *partition) flush() error {
+	if p.pending <= p.committed {
+		return nil
+	}
+	if err := p.gen.CommitOffsets(map[string]map[int]int64{p.topic: {p.id: p.pending}}); err != nil {
+		return fmt.Errorf("consumer: commit offset %d of %s/%d: %w", p.pending, p.topic, p.id, err)
+	}
+	p.committed = p.pending
+	p.lastFlush = time.Now()
+	return nil
+}
+
+// settle takes one message to a final state (applied, duplicate or
+// dead-lettered) and marks its offset, or returns an error with the offset
+// left alone: ctx ended, or the commit failed.
+func (p *partition) settle(ctx context.Context, m kafka.Message) error {
+	c := p.c
+	d := events.Delivery{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}
+	env, err := envelope.Decode(m)
+	if err == nil {
+		err = c.check(env)
+	}
+	if err != nil {
+		now := time.Now()
+		d.Attempt = 1
+		return p.deadLetter(ctx, m, env, d, Permanent(err), now, now)
+	}
+	var first, last time.Time
+	infra := 0
+	for attempt := 1; ; {
+		d.Attempt = attempt
+		start := time.Now()
+		dup, err := c.attempt(ctx, env, d)
+		if err == nil {
+			if c.s.afterDBCommit != nil {
+				if herr := c.s.afterDBCommit(m); herr != nil {
+					return &abortError{herr}
+				}
+			}
+			if err := p.done(m); err != nil {
+				return err
+			}
+			if dup {
+				if c.s.hooks.Duplicate != nil {
+					c.s.hooks.Duplicate(d, env.Type)
+				}
+			} else if c.s.hooks.Processed != nil {
+				c.s.hooks.Processed(d, env.Type, time.Since(start))
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		var ie *infraError
+		if errors.As(err, &ie) {
+			infra++
+			wait := c.backoff(infra)
+			p.log.Warn("consumer: database step failed, retrying", "offset", m.Offset, "event_id", env.EventID, "err", err, "backoff", wait)
+			if err := sleep(ctx, wait); err != nil {
+				return err
+			}
+			continue
+		}
+		infra = 0
+		last = time.Now()
+		if first.IsZero() {
+			first = last
+		}
+		if IsPermanent(err) || attempt >= c.s.maxAttempts {
+			return p.deadLetter(ctx, m, env, d, err, first, last)
+		}
+		wait := c.backoff(attempt)
+		p.log.Info("consumer: handler failed, retrying", "offset", m.Offset, "event_id", env.EventID, "attempt", attempt, "err", err, "backoff", wait)
+		if c.s.hooks.Retry != nil {
+			c.s.hooks.Retry(d, err, wait)
+		}
+		if err := sleep(ctx, wait); err != nil {
+			return err
+		}
+		attempt++
+	}
+}
+
+// check refuses envelopes the handler cannot read: another event type, or
+// a schema version newer than the one the consumer was generated from.
+func (c *Consumer) check(env *envelope.Envelope) error {
+	if env.Type != c.d.Type {
+		return fmt.Errorf("consumer: event type %q on topic %s, but the consumer handles %q", env.Type, c.d.Topic, c.d.Type)
+	}
+	if env.SchemaVersion > c.d.Version {
+		return fmt.Errorf("consumer: %s schema_version %d is newer than the consumer's %d: regenerate and redeploy the consumer, then redrive", env.Type, env.SchemaVersion, c.d.Version)
+	}
+	return nil
+}
+
+// attempt runs one try of a message: dedup insert, handler and commit in
+// one transaction. dup reports an event already applied.
+func (c *Consumer) attempt(ctx context.Context, env *envelope.Envelope, d events.Delivery) (dup bool, err error) {
+	ev := c.d.New()
+	if err := env.UnmarshalPayload(ev); err != nil {
+		return false, Permanent(err)
+	}
+	release, err := c.acquire(ctx)
+	if err != nil {
+		return false, err
+	}
+	defer release()
+	tx, err := c.cfg.DB.Begin(ctx)
+	if err != nil {
+		return false, &infraError{fmt.Errorf("consumer: begin: %w", err)}
+	}
+	defer func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = tx.Rollback(rctx) // a no-op after Commit
+	}()
+	if !c.s.noDedup {
+		tag, err := tx.Exec(ctx, c.sql.dedup, c.cfg.Name, pgtype.UUID{Bytes: env.EventID, Valid: true})
+		if err != nil {
+			return false, &infraError{fmt.Errorf("consumer: dedup insert: %w", err)}
+		}
+		if tag.RowsAffected() == 0 {
+			return true, nil
+		}
+	}
+	meta := events.Meta{Metadata: env.Metadata, Delivery: d}
+	if err := c.callHandler(ctx, tx, meta, ev); err != nil {
+		return false, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return false, fmt.Errorf("consumer: commit: %w", err)
+	}
+	return false, nil
+}
+
+// callHandler runs the handler, turning a panic into a *PanicError.
+func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, meta events.Meta, ev events.Event) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = &PanicError{Value: r, Stack: []byte(truncate(string(debug.Stack()), c.s.maxErrorBytes))}
+		}
+	}()
+	return c.h.Handle(ctx, tx, meta, ev)
+}
+
+// backoff returns the wait after the n-th failure: base·2^(n-1) capped at
+// max, of which the upper half is random ("equal jitter"), so partitions
+// failing together do not retry in lockstep.
+func (c *Consumer) backoff(n int) time.Duration {
+	d := c.s.maxBackoff
+	if n < 32 {
+		if e := c.s.baseBackoff << (n - 1); e > 0 && e < d {
+			d = e
+		}
+	}
+	half := d / 2
+	return half + rand.N(d-half+1)
+}
+
+// sleep waits d or until ctx ends.
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

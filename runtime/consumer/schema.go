@@ -1,0 +1,108 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/protoevents/protoevents/templates"
+)
+
+// DefaultTable is the dedup table's name when WithTable is not given.
+const DefaultTable = "consumed_events"
+
+// identPart is what a table name part may be: a plain, unquoted Postgres
+// identifier. Quoting makes any string safe; refusing the odd ones keeps the
+// names operators type in psql the names the code uses.
+var identPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// maxIdentLen is Postgres' NAMEDATALEN-1: longer names are truncated.
+const maxIdentLen = 63
+
+// sqlSet is the consumer's SQL, rendered once per table name from
+// templates/consumer.sql.
+type sqlSet struct {
+	table   string // the table as given, e.g. "consumed_events" or "app.consumed_events"
+	migrate string
+	lock    string
+	dedup   string
+	prune   string
+}
+
+// parseTable validates a table name, optionally schema-qualified
+// ("schema.table"), and returns it as a pgx.Identifier.
+func parseTable(name string) (pgx.Identifier, error) {
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return nil, fmt.Errorf("consumer: table %q: want table or schema.table", name)
+	}
+	for _, p := range parts {
+		if !identPart.MatchString(p) || len(p) > maxIdentLen {
+			return nil, fmt.Errorf("consumer: table %q: %q is not a plain identifier (letters, digits, _; at most %d bytes)", name, p, maxIdentLen)
+		}
+	}
+	return pgx.Identifier(parts), nil
+}
+
+// renderSQL renders every statement of the consumer for one table.
+func renderSQL(table string) (*sqlSet, error) {
+	id, err := parseTable(table)
+	if err != nil {
+		return nil, err
+	}
+	index := id[len(id)-1] + "_consumed_at_idx"
+	if len(index) > maxIdentLen {
+		return nil, fmt.Errorf("consumer: table %q: name too long for its index %q (at most %d bytes)", table, index, maxIdentLen)
+	}
+	data := struct{ Table, Index string }{Table: id.Sanitize(), Index: pgx.Identifier{index}.Sanitize()}
+	s := &sqlSet{table: table}
+	for _, r := range []struct {
+		name string
+		dst  *string
+	}{
+		{"consumer.sql", &s.migrate},
+		{"consumer_migrate_lock", &s.lock},
+		{"consumer_dedup", &s.dedup},
+		{"consumer_prune", &s.prune},
+	} {
+		if *r.dst, err = templates.Render(r.name, data); err != nil {
+			return nil, fmt.Errorf("consumer: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// Migrate creates the dedup table and its pruning index if they do not
+// exist. It is idempotent and safe to run from many processes at once: an
+// advisory lock held for the migration's transaction serialises them. The
+// only option it reads is WithTable; others are ignored, so a program can
+// pass Migrate the same options as New.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
+	s, err := settingsFrom(opts)
+	if err != nil {
+		return err
+	}
+	sql, err := renderSQL(s.table)
+	if err != nil {
+		return err
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("consumer: migrate: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, sql.lock, sql.table); err != nil {
+		return fmt.Errorf("consumer: migrate: lock: %w", err)
+	}
+	if _, err := tx.Exec(ctx, sql.migrate); err != nil {
+		return fmt.Errorf("consumer: migrate %s: %w", sql.table, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("consumer: migrate: commit: %w", err)
+	}
+	return nil
+}
