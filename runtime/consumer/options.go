@@ -254,11 +254,24 @@ func withMaxWait(d time.Duration) Option {
 	return func(c *Consumer) { c.s.maxWait = d }
 }
 
-// withAfterDBCommit installs a test hook run after a message's transaction
-// committed and before its offset is marked; an error aborts Run with that
-// error, leaving the offset uncommitted, like a crash at that point.
+// Faults are fault-injection points, for tests and demos that prove what
+// happens when a consumer dies at the worst moment.
+type Faults struct {
+	// AfterDBCommit runs after a message's transaction committed and before
+	// its offset is marked. An error aborts Run with that error, leaving the
+	// offset uncommitted, like a crash at that point: the message is
+	// delivered again and the dedup table absorbs it.
+	AfterDBCommit func(kafka.Message) error
+}
+
+// WithFaults installs fault-injection points. Never in production.
+func WithFaults(f Faults) Option {
+	return func(c *Consumer) { c.s.afterDBCommit = f.AfterDBCommit }
+}
+
+// withAfterDBCommit is WithFaults with only AfterDBCommit, for the tests.
 func withAfterDBCommit(fn func(kafka.Message) error) Option {
-	return func(c *Consumer) { c.s.afterDBCommit = fn }
+	return WithFaults(Faults{AfterDBCommit: fn})
 }
 
 // withoutDedup skips the dedup insert: the benchmark's baseline.
