@@ -177,6 +177,18 @@ func (r *Relay) newKafkaWriter() *kafka.Writer {
 	return w
 }
 
+// connConfig returns the pool's connection settings (search_path
+// included) for a dedicated connection outside the pool: session locks and
+// LISTEN must not leak into pooled connections.
+func (r *Relay) connConfig(appName string) *pgx.ConnConfig {
+	cc := r.pool.Config().ConnConfig
+	if cc.RuntimeParams == nil {
+		cc.RuntimeParams = map[string]string{}
+	}
+	cc.RuntimeParams["application_name"] = appName
+	return cc
+}
+
 // loop is the state of one Run.
 type loop struct {
 	r    *Relay
@@ -196,9 +208,7 @@ func (l *loop) run(ctx context.Context) error {
 	l.nextCleanup, l.nextStatus = now, now
 	for ctx.Err() == nil {
 		if l.s == nil {
-			cc := l.r.pool.Config().ConnConfig
-			cc.RuntimeParams["application_name"] = "protoevents-relay"
-			s, err := connectSession(ctx, cc, l.t)
+			s, err := connectSession(ctx, l.r.connConfig("protoevents-relay"), l.t)
 			if err != nil {
 				l.failed(ctx, err)
 				continue
@@ -485,9 +495,7 @@ func (r *Relay) listen(ctx context.Context, channel string, wake chan<- struct{}
 }
 
 func (r *Relay) listenOnce(ctx context.Context, channel string, wake chan<- struct{}, bo *backoff) error {
-	cc := r.pool.Config().ConnConfig
-	cc.RuntimeParams["application_name"] = "protoevents-relay-listen"
-	conn, err := pgx.ConnectConfig(ctx, cc)
+	conn, err := pgx.ConnectConfig(ctx, r.connConfig("protoevents-relay-listen"))
 	if err != nil {
 		return fmt.Errorf("outbox: relay: listen: connect: %w", err)
 	}
