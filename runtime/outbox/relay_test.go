@@ -326,3 +326,45 @@ func equal(a, b []int64) bool {
 }
 
 var _ events.Event = testEvent{}
+
+// TestRelayShutdownMarksAcknowledgedBatch: a shutdown that arrives after
+// the broker acknowledged a batch still marks it (no needless duplicates),
+// stops before the next batch, and frees the relay's lanes.
+func TestRelayShutdownMarksAcknowledgedBatch(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, false, 3)
+	evs, want := sequence(b.d, 30, 3)
+	b.write(t, evs)
+	var self atomic.Pointer[runningRelay]
+	ready, hooked := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	rr := b.startRelay(t, WithBatchSize(10), WithHooks(Hooks{AfterPublish: func(context.Context, []Row) error {
+		<-ready
+		self.Load().cancel() // the shutdown signal lands between publish and mark
+		once.Do(func() { close(hooked) })
+		return nil
+	}}))
+	self.Store(rr)
+	close(ready)
+	select {
+	case <-hooked:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no batch was published")
+	}
+	if err := rr.stop(t); err != nil {
+		t.Fatalf("Run after cancel: %v", err)
+	}
+	st, err := Status(ctx, b.pool)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Published != 10 || st.Pending != 20 || st.Relays != 0 {
+		t.Fatalf("after shutdown: %+v, want the acknowledged batch of 10 marked, 20 pending, no relay", st)
+	}
+	b.startRelay(t)
+	b.waitDrained(t, 20*time.Second)
+	if dups := checkDelivery(t, b.readAll(t), want); dups != 0 {
+		t.Fatalf("%d duplicates; the acknowledged batch was re-sent", dups)
+	}
+}
