@@ -129,6 +129,7 @@ type runningRelay struct {
 	done      chan error
 	published atomic.Int64
 	failures  atomic.Int64
+	lanes     atomic.Int64
 }
 
 // stop cancels the relay and returns what Run returned.
@@ -156,6 +157,7 @@ func (b *bundle) startRelay(t testing.TB, opts ...RelayOption) *runningRelay {
 		WithMetrics(Metrics{
 			Published:     func(n int) { rr.published.Add(int64(n)) },
 			PublishFailed: func(error) { rr.failures.Add(1) },
+			Lanes:         func(n int) { rr.lanes.Store(int64(n)) },
 		}),
 	}
 	r, err := NewRelay(b.pool, b.brokers, append(base, opts...)...)

@@ -29,6 +29,10 @@ func connectSession(ctx context.Context, cfg *pgx.ConnConfig, t resolvedTable) (
 	if err != nil {
 		return nil, fmt.Errorf("outbox: relay: connect: %w", err)
 	}
+	if _, err := conn.Exec(ctx, sqlSessionSettings); err != nil {
+		_ = conn.Close(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("outbox: relay: session settings: %w", err)
+	}
 	if _, err := conn.Exec(ctx, sqlPresenceLock, t.lockKey(), presenceLane); err != nil {
 		_ = conn.Close(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("outbox: relay: announce: %w", err)

@@ -161,6 +161,14 @@ func TestRelaysKeepPerKeyOrder(t *testing.T) {
 	b := setup(t, false, 6)
 	opts := []RelayOption{WithBatchSize(200), WithRebalanceInterval(50 * time.Millisecond), WithPollInterval(200 * time.Millisecond)}
 	relays := []*runningRelay{b.startRelay(t, opts...), b.startRelay(t, opts...), b.startRelay(t, opts...)}
+	// Let the relays share the lanes first, so that each has work.
+	deadline := time.Now().Add(20 * time.Second)
+	for relays[0].lanes.Load() == 0 || relays[1].lanes.Load() == 0 || relays[2].lanes.Load() == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("lanes not shared: %d, %d, %d", relays[0].lanes.Load(), relays[1].lanes.Load(), relays[2].lanes.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 
 	evs, want := sequence(b.d, 10000, 50)
 	var wg sync.WaitGroup

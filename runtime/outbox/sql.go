@@ -29,6 +29,13 @@ const (
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = to_regclass($1)`
 
+	// sqlSessionSettings bounds how long a relay that vanished without
+	// closing its connection (a network partition, a frozen VM) keeps its
+	// lanes: the server drops the session when keepalives go unanswered for
+	// about a minute, or when a claim transaction sits idle for five
+	// minutes, far longer than a publish may take.
+	sqlSessionSettings = `SET idle_in_transaction_session_timeout = '5min';
+SET tcp_keepalives_idle = 30; SET tcp_keepalives_interval = 10; SET tcp_keepalives_count = 3`
 	sqlPresenceLock = `SELECT pg_advisory_lock_shared($1, $2)`
 	sqlLiveRelays   = `SELECT count(*) FROM pg_locks
 WHERE locktype = 'advisory' AND granted AND objsubid = 2
