@@ -130,6 +130,8 @@ type runningRelay struct {
 	published atomic.Int64
 	failures  atomic.Int64
 	lanes     atomic.Int64
+	pending   atomic.Int64 // last Metrics.Pending report, -1 before the first
+	batches   atomic.Int64
 }
 
 // stop cancels the relay and returns what Run returned.
@@ -150,6 +152,7 @@ func (r *runningRelay) stop(t testing.TB) error {
 func (b *bundle) startRelay(t testing.TB, opts ...RelayOption) *runningRelay {
 	t.Helper()
 	rr := &runningRelay{done: make(chan error, 1)}
+	rr.pending.Store(-1)
 	base := []RelayOption{
 		WithLogger(quietLogger()),
 		WithBackoff(10*time.Millisecond, 200*time.Millisecond),
@@ -158,6 +161,8 @@ func (b *bundle) startRelay(t testing.TB, opts ...RelayOption) *runningRelay {
 			Published:     func(n int) { rr.published.Add(int64(n)) },
 			PublishFailed: func(error) { rr.failures.Add(1) },
 			Lanes:         func(n int) { rr.lanes.Store(int64(n)) },
+			Pending:       func(n int64, _ time.Duration) { rr.pending.Store(n) },
+			Batch:         func(int) { rr.batches.Add(1) },
 		}),
 	}
 	r, err := NewRelay(b.pool, b.brokers, append(base, opts...)...)

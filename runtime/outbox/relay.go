@@ -265,9 +265,13 @@ func (l *loop) run(ctx context.Context) error {
 	return nil
 }
 
-// idle waits for a notification, the poll interval or the next rebalance.
+// idle waits for a notification, the poll interval or the next periodic
+// task, whichever comes first.
 func (l *loop) idle(ctx context.Context) {
-	d := min(l.r.cfg.pollInterval, time.Until(l.nextRebalance))
+	d := min(l.r.cfg.pollInterval, time.Until(l.nextRebalance), time.Until(l.nextCleanup))
+	if l.r.cfg.metrics.Pending != nil {
+		d = min(d, time.Until(l.nextStatus))
+	}
 	if d <= 0 {
 		return
 	}

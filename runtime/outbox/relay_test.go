@@ -130,12 +130,13 @@ func TestRelayBacksOffWhileBrokerIsDown(t *testing.T) {
 	})
 	evs, want := sequence(b.d, 200, 10)
 	b.write(t, evs)
-	rr := b.startRelay(t, WithBatchSize(50), WithKafkaWriter(func(w *kafka.Writer) { w.MaxAttempts = 1 }))
+	rr := b.startRelay(t, WithBatchSize(50), WithStatusInterval(10*time.Millisecond),
+		WithKafkaWriter(func(w *kafka.Writer) { w.MaxAttempts = 1 }))
 
 	deadline := time.Now().Add(20 * time.Second)
-	for refused.Load() < 3 || rr.failures.Load() < 3 {
+	for refused.Load() < 3 || rr.failures.Load() < 3 || rr.pending.Load() != 200 {
 		if time.Now().After(deadline) {
-			t.Fatalf("broker refused %d requests, relay saw %d failures", refused.Load(), rr.failures.Load())
+			t.Fatalf("broker refused %d requests, relay saw %d failures, reported %d pending", refused.Load(), rr.failures.Load(), rr.pending.Load())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -374,5 +375,29 @@ func TestRelayShutdownMarksAcknowledgedBatch(t *testing.T) {
 	b.waitDrained(t, 20*time.Second)
 	if dups := checkDelivery(t, b.readAll(t), want); dups != 0 {
 		t.Fatalf("%d duplicates; the acknowledged batch was re-sent", dups)
+	}
+}
+
+// TestBackoffGrowsWithJitterWithinBounds pins the retry delays: doubling
+// from the minimum, jittered into [d/2, d], capped at the maximum, and back
+// to the minimum after a reset.
+func TestBackoffGrowsWithJitterWithinBounds(t *testing.T) {
+	t.Parallel()
+	b := backoff{min: 10 * time.Millisecond, max: 200 * time.Millisecond}
+	for i, ceil := range []time.Duration{10, 20, 40, 80, 160, 200, 200, 200} {
+		ceil *= time.Millisecond
+		if d := b.next(); d < ceil/2 || d > ceil {
+			t.Fatalf("delay %d = %v, want within [%v, %v]", i, d, ceil/2, ceil)
+		}
+	}
+	for range 100 {
+		b.next() // no overflow however long it fails
+	}
+	if d := b.next(); d < 100*time.Millisecond || d > 200*time.Millisecond {
+		t.Fatalf("delay after many failures = %v", d)
+	}
+	b.reset()
+	if d := b.next(); d > 10*time.Millisecond {
+		t.Fatalf("delay after reset = %v", d)
 	}
 }
