@@ -34,24 +34,47 @@ import (
 // # One batch
 //
 // In one transaction on that connection: claim the first rows of the owned
-// lanes in id order (FOR UPDATE), publish them with one kafka-go
+// lanes in id order (FOR UPDATE: lanes are exclusive, so SKIP LOCKED would
+// skip nothing of ours, and waiting on a foreign lock keeps order where
+// skipping would break it), publish them with one kafka-go
 // WriteMessages call (per-message topic, key = event key, acks=all,
 // murmur2 partitioning like the Java client), mark the acknowledged rows
 // published in one UPDATE, commit.
 //
 // # Partial failures
 //
-// kafka-go sends each partition's share of a call as batches, one partition
-// at a time in order; the relay sizes those batches (BatchSize = batch
-// size, BatchBytes above the batch byte cap) so each share is one produce
-// request, acknowledged or refused as a whole. When some partitions fail
-// (kafka.WriteErrors), the relay marks a row only if it was acknowledged
-// and no earlier row of the same topic and key in the batch failed; the
-// rest stay pending and are retried, in order, after a backoff. A key is
-// therefore never published past one of its own unpublished events, and
-// keys on healthy partitions keep flowing while one partition is down.
-// Rows re-sent after a failure or crash are duplicates with the same
-// event_id, which consumers deduplicate.
+// kafka-go splits a call by partition and writes each partition's share as
+// a sequence of produce requests. The relay sizes those (BatchSize = batch
+// size, BatchBytes above the batch byte cap WithMaxBatchBytes) so that each
+// share is exactly one request, which the broker appends or refuses as a
+// whole: a key's events in one batch are never half written. When some
+// partitions fail (kafka.WriteErrors), the relay marks a row only if it was
+// acknowledged and no earlier row of the same topic and key in the batch
+// failed; the others stay pending with attempts/last_error recorded. Their
+// keys are parked: the claim skips every row of a parked key until the
+// key's own exponential, jittered backoff ends, so a key is never published
+// past one of its own unpublished events, while the keys behind it in the
+// lanes (on healthy partitions) keep flowing. When a batch gets nothing
+// through at all, the whole relay backs off. Rows re-sent after a failure
+// or crash are duplicates with the same event_id, which consumers
+// deduplicate.
+//
+// # Takeover
+//
+// If a relay's database session dies while its publish is still in flight,
+// the lanes' next owner re-sends from the same first pending row. Both
+// batches are contiguous runs of each key's events, each appended
+// atomically per partition, so after deduplication by event_id every key is
+// still in order, although the raw log may then hold a stale duplicate after
+// newer events.
+//
+// # Known limits
+//
+// A batch whose topic does not exist (and is not auto-created, see
+// WithKafkaWriter) fails as a whole, holding up the relay's lanes until the
+// topic is created; the error is in TableStatus.LastError. A single row
+// larger than the broker's message.max.bytes is refused by the broker and
+// holds up its lane the same way. The lane count is fixed per table.
 type Relay struct {
 	pool    *pgxpool.Pool
 	brokers []string
@@ -198,6 +221,10 @@ type loop struct {
 	wake chan struct{}
 	s    *session
 	bo   backoff
+	// parked are keys whose partition refused them recently: the claim
+	// leaves all their rows alone until the key's own backoff ends, so the
+	// keys behind them in the lanes keep flowing while their order is kept.
+	parked map[topicKey]*parkedKey
 
 	nextRebalance, nextCleanup, nextStatus time.Time
 }
@@ -251,6 +278,13 @@ func (l *loop) run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
+			var partial *partialError
+			if errors.As(err, &partial) && partial.acked > 0 {
+				// Some partitions took their share: their failing keys
+				// are parked, the rest can go on at once.
+				l.report(err)
+				continue
+			}
 			if l.s.conn.IsClosed() {
 				l.dropSession(ctx)
 			}
@@ -271,6 +305,11 @@ func (l *loop) idle(ctx context.Context) {
 	d := min(l.r.cfg.pollInterval, time.Until(l.nextRebalance), time.Until(l.nextCleanup))
 	if l.r.cfg.metrics.Pending != nil {
 		d = min(d, time.Until(l.nextStatus))
+	}
+	for _, p := range l.parked {
+		if u := time.Until(p.until); u > 0 {
+			d = min(d, u) // retry a parked key when its backoff ends
+		}
 	}
 	if d <= 0 {
 		return
@@ -295,6 +334,66 @@ func (l *loop) failed(ctx context.Context, err error) {
 		f(err)
 	}
 	sleep(ctx, d)
+}
+
+// report records a failure that needs no pause.
+func (l *loop) report(err error) {
+	l.r.log.Warn("outbox relay: partial failure; failing keys parked", "err", err, "parked", len(l.parked))
+	if f := l.r.cfg.metrics.PublishFailed; f != nil {
+		f(err)
+	}
+}
+
+// partialError is a publish in which some rows failed; acked counts those
+// the broker took.
+type partialError struct {
+	acked int
+	err   error
+}
+
+func (e *partialError) Error() string { return e.err.Error() }
+func (e *partialError) Unwrap() error { return e.err }
+
+type topicKey struct{ topic, key string }
+
+// parkedKey is the backoff state of one failing key.
+type parkedKey struct {
+	until time.Time
+	fails int
+}
+
+// maxParked bounds the parked-key memory; past it, parking is forgotten
+// (which costs only extra retries).
+const maxParked = 100000
+
+// park holds the keys back for their next backoff delay.
+func (l *loop) park(keys []topicKey) {
+	if l.parked == nil || len(l.parked) > maxParked {
+		l.parked = map[topicKey]*parkedKey{}
+	}
+	now := time.Now()
+	for _, k := range keys {
+		p := l.parked[k]
+		if p == nil {
+			p = &parkedKey{}
+			l.parked[k] = p
+		}
+		b := backoff{min: l.r.cfg.backoffMin, max: l.r.cfg.backoffMax, n: p.fails}
+		p.fails++
+		p.until = now.Add(b.next())
+	}
+}
+
+// parkedNow returns the keys still parked, as claim parameters.
+func (l *loop) parkedNow() (topics []string, keys [][]byte) {
+	now := time.Now()
+	for k, p := range l.parked {
+		if now.Before(p.until) {
+			topics = append(topics, k.topic)
+			keys = append(keys, []byte(k.key))
+		}
+	}
+	return topics, keys
 }
 
 func (l *loop) dropSession(ctx context.Context) {
@@ -330,7 +429,12 @@ func (l *loop) batch(ctx context.Context) (more bool, err error) {
 			_ = tx.Rollback(rctx)
 		}
 	}()
-	rows, err := tx.Query(ctx, l.q.claim, l.s.owned, cfg.batchSize)
+	var rows pgx.Rows
+	if topics, keys := l.parkedNow(); len(topics) > 0 {
+		rows, err = tx.Query(ctx, l.q.claimUnparked, l.s.owned, cfg.batchSize, topics, keys)
+	} else {
+		rows, err = tx.Query(ctx, l.q.claim, l.s.owned, cfg.batchSize)
+	}
 	if err != nil {
 		return false, fmt.Errorf("outbox: relay: claim: %w", err)
 	}
@@ -376,7 +480,7 @@ func (l *loop) batch(ctx context.Context) (more bool, err error) {
 		// are re-sent by whoever owns the lanes next.
 		return false, ctx.Err()
 	}
-	acked, failed := ackedRows(batch, pubErr)
+	acked, failed, failing := ackedRows(batch, pubErr)
 	if pubErr == nil && cfg.hooks.AfterPublish != nil {
 		rows := make([]Row, len(batch))
 		for i := range batch {
@@ -406,8 +510,21 @@ func (l *loop) batch(ctx context.Context) (more bool, err error) {
 	if f := cfg.metrics.Published; f != nil && len(acked) > 0 {
 		f(len(acked))
 	}
+	if len(l.parked) > 0 && len(acked) > 0 {
+		// Keys that got through are no longer parked.
+		still := make(map[topicKey]bool, len(failing))
+		for _, k := range failing {
+			still[k] = true
+		}
+		for i := range batch {
+			if k := (topicKey{batch[i].Topic, string(batch[i].Key)}); !still[k] {
+				delete(l.parked, k)
+			}
+		}
+	}
 	if pubErr != nil {
-		return false, fmt.Errorf("outbox: relay: publish %d of %d rows failed: %w", len(failed), len(batch), pubErr)
+		l.park(failing)
+		return false, &partialError{acked: len(acked), err: fmt.Errorf("outbox: relay: publish %d of %d rows failed: %w", len(failed), len(batch), pubErr)}
 	}
 	return full, nil
 }
@@ -415,14 +532,16 @@ func (l *loop) batch(ctx context.Context) (more bool, err error) {
 // ackedRows splits a published batch into the rows to mark published and
 // those to retry: a row is marked only if the broker acknowledged it and no
 // earlier row with the same topic and key failed, so a key never gets ahead
-// of one of its own unpublished events.
-func ackedRows(batch []claimed, pubErr error) (acked, failed []int64) {
+// of one of its own unpublished events. failing lists the keys refused per
+// message (kafka.WriteErrors), to be parked; it is empty when the whole
+// call failed.
+func ackedRows(batch []claimed, pubErr error) (acked, failed []int64, failing []topicKey) {
 	if pubErr == nil {
 		acked = make([]int64, len(batch))
 		for i := range batch {
 			acked[i] = batch[i].ID
 		}
-		return acked, nil
+		return acked, nil, nil
 	}
 	var werrs kafka.WriteErrors
 	if !errors.As(pubErr, &werrs) || len(werrs) != len(batch) {
@@ -430,20 +549,22 @@ func ackedRows(batch []claimed, pubErr error) (acked, failed []int64) {
 		for i := range batch {
 			failed[i] = batch[i].ID
 		}
-		return nil, failed
+		return nil, failed, nil
 	}
-	type topicKey struct{ topic, key string }
 	blocked := map[topicKey]bool{}
 	for i := range batch {
 		k := topicKey{batch[i].Topic, string(batch[i].Key)}
 		if werrs[i] != nil || blocked[k] {
+			if !blocked[k] {
+				failing = append(failing, k)
+			}
 			blocked[k] = true
 			failed = append(failed, batch[i].ID)
 			continue
 		}
 		acked = append(acked, batch[i].ID)
 	}
-	return acked, failed
+	return acked, failed, failing
 }
 
 // estimateSize bounds the bytes a message takes in a produce request

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	events "github.com/protoevents/protoevents/runtime"
@@ -305,20 +306,23 @@ func TestAckedRowsStopAtFirstFailurePerKey(t *testing.T) {
 	}
 	batch := []claimed{row(1, "a"), row(2, "b"), row(3, "a"), row(4, "c"), row(5, "b")}
 	boom := errors.New("boom")
-	acked, failed := ackedRows(batch, kafka.WriteErrors{nil, boom, nil, nil, nil})
+	acked, failed, failing := ackedRows(batch, kafka.WriteErrors{nil, boom, nil, nil, nil})
 	if want := []int64{1, 3, 4}; !equal(acked, want) {
 		t.Fatalf("acked %v, want %v", acked, want)
 	}
 	if want := []int64{2, 5}; !equal(failed, want) {
 		t.Fatalf("failed %v, want %v (b's later row must wait for its earlier one)", failed, want)
 	}
-	acked, failed = ackedRows(batch, boom)
-	if len(acked) != 0 || len(failed) != 5 {
-		t.Fatalf("a whole-call error must fail every row: %v %v", acked, failed)
+	if len(failing) != 1 || failing[0] != (topicKey{"t", "b"}) {
+		t.Fatalf("failing keys %v, want just b", failing)
 	}
-	acked, failed = ackedRows(batch, nil)
-	if len(acked) != 5 || len(failed) != 0 {
-		t.Fatalf("success must ack every row: %v %v", acked, failed)
+	acked, failed, failing = ackedRows(batch, boom)
+	if len(acked) != 0 || len(failed) != 5 || len(failing) != 0 {
+		t.Fatalf("a whole-call error must fail every row and park no key: %v %v %v", acked, failed, failing)
+	}
+	acked, failed, failing = ackedRows(batch, nil)
+	if len(acked) != 5 || len(failed) != 0 || len(failing) != 0 {
+		t.Fatalf("success must ack every row: %v %v %v", acked, failed, failing)
 	}
 }
 
@@ -400,4 +404,84 @@ func TestBackoffGrowsWithJitterWithinBounds(t *testing.T) {
 	if d := b.next(); d > 10*time.Millisecond {
 		t.Fatalf("delay after reset = %v", d)
 	}
+}
+
+// TestRelayPartitionOutageHoldsOnlyItsKeys: produce requests for one
+// partition fail while the others succeed; the relay marks exactly the
+// acknowledged rows, so keys on healthy partitions are delivered during the
+// outage, the failing partition's keys wait, and everything arrives in
+// order once the partition is back.
+func TestRelayPartitionOutageHoldsOnlyItsKeys(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, true, 3)
+	const sick = 0
+	var healed atomic.Bool
+	var refused atomic.Int32
+	b.kafka.Fake.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		b.kafka.Fake.KeepControl()
+		if healed.Load() {
+			return nil, nil, false
+		}
+		// kafka-go sends one request per partition; refuse the sick one's
+		// with an error code (closing the connection would fail every
+		// request multiplexed on it).
+		preq := req.(*kmsg.ProduceRequest)
+		resp := preq.ResponseKind().(*kmsg.ProduceResponse)
+		resp.SetVersion(preq.GetVersion())
+		hit := false
+		for _, tp := range preq.Topics {
+			rt := kmsg.NewProduceResponseTopic()
+			rt.Topic = tp.Topic
+			for _, p := range tp.Partitions {
+				rp := kmsg.NewProduceResponseTopicPartition()
+				rp.Partition = p.Partition
+				rp.ErrorCode = kerr.NotEnoughReplicas.Code
+				rt.Partitions = append(rt.Partitions, rp)
+				hit = hit || p.Partition == sick
+			}
+			resp.Topics = append(resp.Topics, rt)
+		}
+		if !hit {
+			return nil, nil, false
+		}
+		refused.Add(1)
+		return resp, nil, true
+	})
+	evs, want := sequence(b.d, 300, 12)
+	onSick := int64(0)
+	for _, ev := range evs {
+		if (kafka.Murmur2Balancer{}).Balance(kafka.Message{Key: ev.(testEvent).EventKey()}, 0, 1, 2) == sick {
+			onSick++
+		}
+	}
+	if onSick == 0 || onSick == int64(len(evs)) {
+		t.Fatalf("test keys must span the sick and healthy partitions (%d of %d on the sick one)", onSick, len(evs))
+	}
+	b.write(t, evs)
+	b.startRelay(t, WithBatchSize(40), WithKafkaWriter(func(w *kafka.Writer) { w.MaxAttempts = 1 }))
+
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, err := Status(ctx, b.pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Pending == onSick && refused.Load() > 0 {
+			if st.Failing == 0 || st.Published != int64(len(evs))-onSick {
+				t.Fatalf("during the outage: %+v", st)
+			}
+			break
+		}
+		if st.Pending < onSick {
+			t.Fatalf("%d rows pending, fewer than the %d on the failing partition: unacknowledged rows were marked", st.Pending, onSick)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("healthy keys not delivered during the outage: %+v (%d on the sick partition)", st, onSick)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	healed.Store(true)
+	b.waitDrained(t, 30*time.Second)
+	checkDelivery(t, b.readAll(t), want)
 }
