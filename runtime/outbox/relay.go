@@ -70,11 +70,12 @@ import (
 //
 // # Known limits
 //
-// A batch whose topic does not exist (and is not auto-created, see
-// WithKafkaWriter) fails as a whole, holding up the relay's lanes until the
-// topic is created; the error is in TableStatus.LastError. A single row
-// larger than the broker's message.max.bytes is refused by the broker and
-// holds up its lane the same way. The lane count is fixed per table.
+// Rows for a topic that does not exist (and is not auto-created, see
+// WithKafkaWriter) stay pending, their keys parked and retried with
+// backoff, until the topic is created; other topics flow meanwhile and the
+// error is in TableStatus.LastError. A row larger than the broker's
+// message.max.bytes is refused by the broker and holds up its key forever:
+// an operator has to delete it. The lane count is fixed per table.
 type Relay struct {
 	pool    *pgxpool.Pool
 	brokers []string
@@ -475,6 +476,9 @@ func (l *loop) batch(ctx context.Context) (more bool, err error) {
 	}
 
 	pubErr := l.w.WriteMessages(ctx, msgs...)
+	if pubErr != nil && ctx.Err() == nil {
+		pubErr = l.retryByTopic(ctx, msgs, pubErr)
+	}
 	if pubErr != nil && ctx.Err() != nil {
 		// Shutting down mid-publish: abandon; nothing is marked, the rows
 		// are re-sent by whoever owns the lanes next.
@@ -527,6 +531,61 @@ func (l *loop) batch(ctx context.Context) (more bool, err error) {
 		return false, &partialError{acked: len(acked), err: fmt.Errorf("outbox: relay: publish %d of %d rows failed: %w", len(failed), len(batch), pubErr)}
 	}
 	return full, nil
+}
+
+// retryByTopic handles a call that failed as a whole before sending
+// anything (kafka-go checks every message's topic first, so one missing
+// topic fails the call): if the batch spans several topics, it publishes
+// them one topic at a time, so a bad topic fails alone and its keys get
+// parked while the other topics flow. Topics are independent for ordering.
+// It returns per-message errors (kafka.WriteErrors), or the original error
+// when there is nothing to split.
+func (l *loop) retryByTopic(ctx context.Context, msgs []kafka.Message, pubErr error) error {
+	var werrs kafka.WriteErrors
+	if errors.As(pubErr, &werrs) {
+		return pubErr
+	}
+	var order []string
+	byTopic := map[string][]int{}
+	for i := range msgs {
+		t := msgs[i].Topic
+		if _, ok := byTopic[t]; !ok {
+			order = append(order, t)
+		}
+		byTopic[t] = append(byTopic[t], i)
+	}
+	if len(order) < 2 {
+		return pubErr
+	}
+	werrs = make(kafka.WriteErrors, len(msgs))
+	failed := false
+	for _, t := range order {
+		idx := byTopic[t]
+		sub := make([]kafka.Message, len(idx))
+		for j, i := range idx {
+			sub[j] = msgs[i]
+		}
+		err := l.w.WriteMessages(ctx, sub...)
+		if err == nil {
+			continue
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+		failed = true
+		var sw kafka.WriteErrors
+		for j, i := range idx {
+			if errors.As(err, &sw) && len(sw) == len(idx) {
+				werrs[i] = sw[j]
+			} else {
+				werrs[i] = err
+			}
+		}
+	}
+	if !failed {
+		return nil
+	}
+	return werrs
 }
 
 // ackedRows splits a published batch into the rows to mark published and

@@ -485,3 +485,52 @@ func TestRelayPartitionOutageHoldsOnlyItsKeys(t *testing.T) {
 	b.waitDrained(t, 30*time.Second)
 	checkDelivery(t, b.readAll(t), want)
 }
+
+// TestRelayMissingTopicHoldsOnlyItsEvents: events for a topic that does not
+// exist yet wait (and are reported) while the other topic's events in the
+// same lanes flow; once the topic is created they are delivered too.
+func TestRelayMissingTopicHoldsOnlyItsEvents(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, true, 3)
+	missing := &bundle{pool: b.pool, brokers: b.brokers, parts: 2, topic: b.topic + "-later"}
+	missing.d = descriptorFor(missing.topic)
+	good, wantGood := sequence(b.d, 100, 5)
+	late, wantLate := sequence(missing.d, 40, 5)
+	var evs []events.Event
+	for i := range good {
+		evs = append(evs, good[i])
+		if i < len(late) {
+			evs = append(evs, late[i])
+		}
+	}
+	b.write(t, evs)
+	b.startRelay(t)
+
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		st, err := Status(ctx, b.pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Pending == 40 && st.Failing == 40 {
+			if st.Published != 100 || st.LastError == "" {
+				t.Fatalf("while the topic is missing: %+v", st)
+			}
+			break
+		}
+		if st.Pending < 40 {
+			t.Fatalf("%d pending: events for the missing topic were marked", st.Pending)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the existing topic's events were held up: %+v", st)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	checkDelivery(t, b.readAll(t), wantGood)
+	if err := b.kafka.CreateTopics(ctx, 2, missing.topic); err != nil {
+		t.Fatal(err)
+	}
+	b.waitDrained(t, 30*time.Second)
+	checkDelivery(t, missing.readAll(t), wantLate)
+}
