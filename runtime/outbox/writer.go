@@ -1,43 +1,161 @@
 // Package outbox writes events into a Postgres outbox table inside the
 // caller's own transaction and relays them to Kafka.
+//
+// The writer and the relay give at-least-once delivery with per-key order:
+// an event is a row in the same transaction as the business change (no
+// phantom events, no lost ones), and the relay marks a row published only
+// after the broker acknowledged it (acks=all), so a crash re-sends rather
+// than loses. Rows are spread over key-hash lanes; each lane is owned by one
+// relay at a time and sent strictly in id order, so several relay instances
+// can run without re-ordering any key. See Relay for the details.
 package outbox
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
+	"fmt"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
 
 	events "github.com/protoevents/protoevents/runtime"
+	"github.com/protoevents/protoevents/runtime/envelope"
 )
-
-// errNotImplemented marks the API skeleton; the implementation replaces it.
-var errNotImplemented = errors.New("outbox: not implemented")
 
 // Writer inserts event envelopes into the outbox table. It holds no
 // connection: every write happens in the transaction the caller passes, so
-// the event commits or rolls back with the business change.
-type Writer struct{}
+// the event commits or rolls back with the business change. A Writer is
+// safe for concurrent use.
+type Writer struct {
+	table tableName
+	q     queries
+	env   envelope.Options
+}
 
-// WriterOption configures a Writer.
-type WriterOption func(*Writer)
-
-// NewWriter returns a Writer for the default outbox table.
+// NewWriter returns a Writer for the outbox table (default "outbox").
 func NewWriter(opts ...WriterOption) (*Writer, error) {
-	w := &Writer{}
+	c := writerConfig{table: DefaultTable, format: envelope.FormatJSON}
 	for _, o := range opts {
-		o(w)
+		if o != nil {
+			o.applyWriter(&c)
+		}
 	}
-	return w, nil
+	t, err := parseTable(c.table)
+	if err != nil {
+		return nil, err
+	}
+	if c.format != envelope.FormatJSON && c.format != envelope.FormatProto {
+		return nil, fmt.Errorf("outbox: unknown envelope format %v", c.format)
+	}
+	return &Writer{table: t, q: newQueries(t.sanitized()), env: envelope.Options{Format: c.format, Producer: c.producer}}, nil
+}
+
+// row is one encoded event, ready to insert.
+type row struct {
+	id               events.EventID
+	eventType, topic string
+	key, value       []byte
+	headers          string
+}
+
+func (w *Writer) encode(ev events.Event, po events.PublishOptions) (row, error) {
+	if ev == nil {
+		return row{}, fmt.Errorf("outbox: write: nil event")
+	}
+	d := ev.EventDescriptor()
+	if d == nil || d.Topic == "" {
+		return row{}, fmt.Errorf("outbox: write %T: descriptor names no topic", ev)
+	}
+	env, err := envelope.New(ev, po, w.env)
+	if err != nil {
+		return row{}, fmt.Errorf("outbox: write %s: %w", d.Type, err)
+	}
+	value, headers, err := env.Encode()
+	if err != nil {
+		return row{}, fmt.Errorf("outbox: write %s: %w", d.Type, err)
+	}
+	h, err := encodeHeaders(headers)
+	if err != nil {
+		return row{}, fmt.Errorf("outbox: write %s %s: %w", d.Type, env.EventID, err)
+	}
+	key := env.Key
+	if key == nil {
+		key = []byte{}
+	}
+	return row{id: env.EventID, eventType: env.Type, topic: d.Topic, key: key, value: value, headers: h}, nil
 }
 
 // Write inserts one event into the outbox within tx and returns its ID.
 func (w *Writer) Write(ctx context.Context, tx pgx.Tx, ev events.Event, opts ...events.PublishOption) (events.EventID, error) {
-	return events.EventID{}, errNotImplemented
+	r, err := w.encode(ev, events.ApplyPublishOptions(opts))
+	if err != nil {
+		return events.EventID{}, err
+	}
+	if _, err := tx.Exec(ctx, w.q.insert, r.id.String(), r.eventType, r.topic, r.key, r.value, r.headers); err != nil {
+		return events.EventID{}, fmt.Errorf("outbox: insert %s %s into %s: %w", r.eventType, r.id, w.table, err)
+	}
+	return r.id, nil
 }
 
 // WriteBatch inserts many events into the outbox within tx in one round
-// trip and returns their IDs in order.
+// trip and returns their IDs in order. The publish options apply to every
+// event; a fixed event ID (events.WithEventID) is refused for more than one
+// event.
 func (w *Writer) WriteBatch(ctx context.Context, tx pgx.Tx, evs []events.Event, opts ...events.PublishOption) ([]events.EventID, error) {
-	return nil, errNotImplemented
+	if len(evs) == 0 {
+		return nil, nil
+	}
+	po := events.ApplyPublishOptions(opts)
+	if po.EventID != (events.EventID{}) && len(evs) > 1 {
+		return nil, fmt.Errorf("outbox: write batch: a fixed event ID cannot be shared by %d events", len(evs))
+	}
+	ids := make([]events.EventID, len(evs))
+	var (
+		eids, types, topics, hdrs = make([]string, len(evs)), make([]string, len(evs)), make([]string, len(evs)), make([]string, len(evs))
+		keys, values              = make([][]byte, len(evs)), make([][]byte, len(evs))
+	)
+	for i, ev := range evs {
+		r, err := w.encode(ev, po)
+		if err != nil {
+			return nil, fmt.Errorf("outbox: write batch: event %d: %w", i, err)
+		}
+		ids[i] = r.id
+		eids[i], types[i], topics[i], keys[i], values[i], hdrs[i] = r.id.String(), r.eventType, r.topic, r.key, r.value, r.headers
+	}
+	if _, err := tx.Exec(ctx, w.q.insertBatch, eids, types, topics, keys, values, hdrs); err != nil {
+		return nil, fmt.Errorf("outbox: insert %d events into %s: %w", len(evs), w.table, err)
+	}
+	return ids, nil
+}
+
+// encodeHeaders stores Kafka headers as a JSON array of [key, value] pairs:
+// readable in psql, ordered, duplicates kept. Envelope headers are text;
+// anything else is refused rather than mangled.
+func encodeHeaders(hs []kafka.Header) (string, error) {
+	pairs := make([][2]string, len(hs))
+	for i, h := range hs {
+		if !utf8.ValidString(h.Key) || !utf8.Valid(h.Value) {
+			return "", fmt.Errorf("header %q is not valid UTF-8", h.Key)
+		}
+		pairs[i] = [2]string{h.Key, string(h.Value)}
+	}
+	b, err := json.Marshal(pairs)
+	if err != nil {
+		return "", fmt.Errorf("encode headers: %w", err)
+	}
+	return string(b), nil
+}
+
+// decodeHeaders is the inverse of encodeHeaders.
+func decodeHeaders(s string) ([]kafka.Header, error) {
+	var pairs [][2]string
+	if err := json.Unmarshal([]byte(s), &pairs); err != nil {
+		return nil, fmt.Errorf("decode headers: %w", err)
+	}
+	hs := make([]kafka.Header, len(pairs))
+	for i, p := range pairs {
+		hs[i] = kafka.Header{Key: p[0], Value: []byte(p[1])}
+	}
+	return hs, nil
 }

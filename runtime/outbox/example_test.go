@@ -1,0 +1,62 @@
+package outbox_test
+
+import (
+	"context"
+	"log"
+	"os"
+	"os/signal"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	events "github.com/protoevents/protoevents/runtime"
+	"github.com/protoevents/protoevents/runtime/outbox"
+)
+
+// A service writes its business change and the event in one transaction;
+// the event is published only if the transaction commits.
+func ExampleWriter_Write() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		log.Fatal(err)
+	}
+	w, err := outbox.NewWriter(outbox.WithProducer("orders-service"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	var placed events.Event // a generated event message, e.g. &ordersv1.OrderPlaced{...}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO orders (id, customer) VALUES ($1, $2)`, "o-1", "c-7"); err != nil {
+			return err
+		}
+		_, err := w.Write(ctx, tx, placed, events.WithCorrelationID("checkout-42"))
+		return err
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
+// Any number of relay processes may run against one outbox; they share its
+// lanes and keep every key's events in order.
+func ExampleRelay_Run() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	r, err := outbox.NewRelay(pool, []string{"localhost:9092"}, outbox.WithBatchSize(500))
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := r.Run(ctx); err != nil { // returns nil after Ctrl-C
+		log.Fatal(err)
+	}
+}

@@ -1,0 +1,324 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/protoevents/protoevents/internal/kafkacluster"
+	"github.com/protoevents/protoevents/internal/testenv"
+	events "github.com/protoevents/protoevents/runtime"
+	"github.com/protoevents/protoevents/runtime/envelope"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// testEvent is a hand-written event over a well-known message type; its
+// descriptor (and so its topic) is chosen per test.
+type testEvent struct {
+	*structpb.Struct
+	d *events.Descriptor
+}
+
+func (e testEvent) EventKey() []byte                    { return []byte(e.Fields["key"].GetStringValue()) }
+func (e testEvent) EventDescriptor() *events.Descriptor { return e.d }
+
+func descriptorFor(topic string) *events.Descriptor {
+	return &events.Descriptor{Type: "google.protobuf.Struct", Topic: topic, DLQTopic: topic + ".dlq", Version: 1, Producer: "outbox-test"}
+}
+
+// newEvent returns an event with a key and the key's sequence number.
+func newEvent(d *events.Descriptor, key string, seq int) testEvent {
+	s, err := structpb.NewStruct(map[string]any{"key": key, "seq": seq})
+	if err != nil {
+		panic(err) // constant shapes; cannot happen
+	}
+	return testEvent{Struct: s, d: d}
+}
+
+// sequence builds n events over keys, numbering each key's events from 0 in
+// order, and returns them with the count per key.
+func sequence(d *events.Descriptor, n, keys int) ([]events.Event, map[string]int) {
+	evs := make([]events.Event, n)
+	count := map[string]int{}
+	for i := range n {
+		k := fmt.Sprintf("key-%02d", i%keys)
+		evs[i] = newEvent(d, k, count[k])
+		count[k]++
+	}
+	return evs, count
+}
+
+// bundle is one test's outbox, Kafka cluster and topic.
+type bundle struct {
+	pool    *pgxpool.Pool
+	kafka   *kafkacluster.Cluster
+	topic   string
+	d       *events.Descriptor
+	writer  *Writer
+	parts   int
+	brokers []string
+}
+
+func setup(t testing.TB, fake bool, partitions int) *bundle {
+	t.Helper()
+	ctx := context.Background()
+	pool, _ := testenv.DB(t)
+	if err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	var c *kafkacluster.Cluster
+	if fake {
+		c = testenv.FakeKafka(t)
+	} else {
+		c = testenv.Kafka(t)
+	}
+	topic := testenv.Topic(t, "outbox")
+	if err := c.CreateTopics(ctx, partitions, topic); err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWriter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &bundle{pool: pool, kafka: c, topic: topic, d: descriptorFor(topic), writer: w, parts: partitions, brokers: c.Brokers}
+}
+
+// write inserts evs in one committed transaction.
+func (b *bundle) write(t testing.TB, evs []events.Event) []events.EventID {
+	t.Helper()
+	ctx := context.Background()
+	tx, err := b.pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	ids, err := b.writer.WriteBatch(ctx, tx, evs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}
+
+// quietLogger keeps the relays' expected retry warnings out of test output
+// unless -v is given.
+func quietLogger() *slog.Logger {
+	if testing.Verbose() {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// runningRelay is a relay started by a test.
+type runningRelay struct {
+	cancel    context.CancelFunc
+	done      chan error
+	published atomic.Int64
+	failures  atomic.Int64
+	lanes     atomic.Int64
+	pending   atomic.Int64 // last Metrics.Pending report, -1 before the first
+	batches   atomic.Int64
+}
+
+// stop cancels the relay and returns what Run returned.
+func (r *runningRelay) stop(t testing.TB) error {
+	t.Helper()
+	r.cancel()
+	select {
+	case err := <-r.done:
+		r.done <- err
+		return err
+	case <-time.After(30 * time.Second):
+		t.Fatal("relay did not stop within 30s")
+		return nil
+	}
+}
+
+// startRelay runs a relay with fast test settings until the test ends.
+func (b *bundle) startRelay(t testing.TB, opts ...RelayOption) *runningRelay {
+	t.Helper()
+	rr := &runningRelay{done: make(chan error, 1)}
+	rr.pending.Store(-1)
+	base := []RelayOption{
+		WithLogger(quietLogger()),
+		WithBackoff(10*time.Millisecond, 200*time.Millisecond),
+		WithRebalanceInterval(100 * time.Millisecond),
+		WithMetrics(Metrics{
+			Published:     func(n int) { rr.published.Add(int64(n)) },
+			PublishFailed: func(error) { rr.failures.Add(1) },
+			Lanes:         func(n int) { rr.lanes.Store(int64(n)) },
+			Pending:       func(n int64, _ time.Duration) { rr.pending.Store(n) },
+			Batch:         func(int) { rr.batches.Add(1) },
+		}),
+	}
+	r, err := NewRelay(b.pool, b.brokers, append(base, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	rr.cancel = cancel
+	go func() { rr.done <- r.Run(ctx) }()
+	t.Cleanup(func() {
+		if err := rr.stop(t); err != nil && !errors.Is(err, errCrash) {
+			t.Errorf("relay: %v", err)
+		}
+	})
+	return rr
+}
+
+var errCrash = errors.New("simulated crash")
+
+// waitDrained waits until the outbox has no pending rows.
+func (b *bundle) waitDrained(t testing.TB, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		st, err := Status(context.Background(), b.pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Pending == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("outbox not drained after %v: %+v", timeout, st)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// delivered is one message read back from Kafka.
+type delivered struct {
+	partition int
+	offset    int64
+	key       string
+	seq       int
+	id        events.EventID
+}
+
+// readAll reads every message of the topic, partition by partition, each in
+// log order.
+func (b *bundle) readAll(t testing.TB) [][]delivered {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl := &kafka.Client{Addr: kafka.TCP(b.brokers...), Timeout: 10 * time.Second}
+	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
+	for p := range b.parts {
+		req.Topics[b.topic] = append(req.Topics[b.topic], kafka.LastOffsetOf(p))
+	}
+	resp, err := cl.ListOffsets(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make([][]delivered, b.parts)
+	var wg sync.WaitGroup
+	errs := make(chan error, b.parts)
+	for _, po := range resp.Topics[b.topic] {
+		if po.Error != nil {
+			t.Fatal(po.Error)
+		}
+		if po.LastOffset == 0 {
+			continue
+		}
+		wg.Add(1)
+		go func(p int, end int64) {
+			defer wg.Done()
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: b.brokers, Topic: b.topic, Partition: p, MaxWait: 50 * time.Millisecond})
+			defer r.Close()
+			for {
+				m, err := r.ReadMessage(ctx)
+				if err != nil {
+					errs <- fmt.Errorf("partition %d: %w", p, err)
+					return
+				}
+				env, err := envelope.Decode(m)
+				if err != nil {
+					errs <- fmt.Errorf("partition %d offset %d: %w", p, m.Offset, err)
+					return
+				}
+				var s structpb.Struct
+				if err := env.UnmarshalPayload(&s); err != nil {
+					errs <- err
+					return
+				}
+				if got := s.Fields["key"].GetStringValue(); got != string(m.Key) {
+					errs <- fmt.Errorf("message key %q but payload key %q", m.Key, got)
+					return
+				}
+				out[p] = append(out[p], delivered{partition: p, offset: m.Offset, key: string(m.Key), seq: int(s.Fields["seq"].GetNumberValue()), id: env.EventID})
+				if m.Offset+1 >= end {
+					return
+				}
+			}
+		}(po.Partition, po.LastOffset)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// checkDelivery asserts that what Kafka holds is exactly the events of want
+// (count per key), each key on one partition, in per-key order once
+// duplicates (same event ID, re-sent after a failure) are dropped the way a
+// consumer's dedup table would. It returns the number of duplicates.
+func checkDelivery(t testing.TB, parts [][]delivered, want map[string]int) int {
+	t.Helper()
+	next := map[string]int{}
+	partOf := map[string]int{}
+	seen := map[events.EventID]delivered{}
+	dups := 0
+	for _, msgs := range parts {
+		for _, m := range msgs {
+			if p, ok := partOf[m.key]; ok && p != m.partition {
+				t.Fatalf("key %s on partitions %d and %d", m.key, p, m.partition)
+			}
+			partOf[m.key] = m.partition
+			if first, ok := seen[m.id]; ok {
+				if first.key != m.key || first.seq != m.seq {
+					t.Fatalf("event %s delivered as %s/%d and %s/%d", m.id, first.key, first.seq, m.key, m.seq)
+				}
+				dups++
+				continue
+			}
+			seen[m.id] = m
+			if m.seq != next[m.key] {
+				t.Fatalf("key %s: got seq %d at partition %d offset %d, want %d (order broken or event lost)", m.key, m.seq, m.partition, m.offset, next[m.key])
+			}
+			next[m.key]++
+		}
+	}
+	var keys []string
+	for k := range want {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if next[k] != want[k] {
+			t.Errorf("key %s: %d events delivered, want %d", k, next[k], want[k])
+		}
+	}
+	for k := range next {
+		if _, ok := want[k]; !ok {
+			t.Errorf("unexpected key %s delivered (%d events)", k, next[k])
+		}
+	}
+	return dups
+}

@@ -1,0 +1,239 @@
+package outbox
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/protoevents/protoevents/runtime/envelope"
+)
+
+// Option configures Migrate and Status.
+type Option interface{ applySchema(*schemaConfig) }
+
+// WriterOption configures a Writer.
+type WriterOption interface{ applyWriter(*writerConfig) }
+
+// RelayOption configures a Relay.
+type RelayOption interface{ applyRelay(*relayConfig) }
+
+type schemaConfig struct {
+	table string
+	lanes int
+	err   error
+}
+
+type writerConfig struct {
+	table    string
+	producer string
+	format   envelope.Format
+}
+
+type relayConfig struct {
+	table             string
+	batchSize         int
+	maxBatchBytes     int
+	pollInterval      time.Duration
+	rebalanceInterval time.Duration
+	statusInterval    time.Duration
+	retention         time.Duration
+	cleanupInterval   time.Duration
+	cleanupBatch      int
+	backoffMin        time.Duration
+	backoffMax        time.Duration
+	metrics           Metrics
+	hooks             Hooks
+	logger            *slog.Logger
+	kafka             []func(*kafka.Writer)
+	err               error
+}
+
+// TableOption names the outbox table; it applies to Migrate, Status,
+// Writer and Relay alike, which must all agree on it.
+type TableOption struct{ name string }
+
+// WithTable sets the outbox table, "name" or "schema.name" (default
+// "outbox", found through the search_path). Each part must be a plain
+// identifier of at most 63 bytes; it is always quoted.
+func WithTable(name string) TableOption { return TableOption{name: name} }
+
+func (o TableOption) applySchema(c *schemaConfig) { c.table = o.name }
+func (o TableOption) applyWriter(c *writerConfig) { c.table = o.name }
+func (o TableOption) applyRelay(c *relayConfig)   { c.table = o.name }
+
+type schemaFunc func(*schemaConfig)
+
+func (f schemaFunc) applySchema(c *schemaConfig) { f(c) }
+
+// WithLanes sets the number of key-hash lanes of a new outbox table
+// (default 16): the most relay instances that can share the work. It is
+// fixed when the table is created; Migrate refuses a different number for an
+// existing table.
+func WithLanes(n int) Option {
+	return schemaFunc(func(c *schemaConfig) {
+		if n < 1 || n > maxLanes {
+			c.err = fmt.Errorf("outbox: lanes %d out of range 1..%d", n, maxLanes)
+			return
+		}
+		c.lanes = n
+	})
+}
+
+type writerFunc func(*writerConfig)
+
+func (f writerFunc) applyWriter(c *writerConfig) { f(c) }
+
+// WithProducer sets the producer name recorded in envelopes whose publish
+// options and descriptor name none.
+func WithProducer(name string) WriterOption {
+	return writerFunc(func(c *writerConfig) { c.producer = name })
+}
+
+// WithFormat sets the envelope wire form (default envelope.FormatJSON).
+func WithFormat(f envelope.Format) WriterOption {
+	return writerFunc(func(c *writerConfig) { c.format = f })
+}
+
+type relayFunc func(*relayConfig)
+
+func (f relayFunc) applyRelay(c *relayConfig) { f(c) }
+
+func (c *relayConfig) fail(format string, args ...any) {
+	if c.err == nil {
+		c.err = fmt.Errorf("outbox: "+format, args...)
+	}
+}
+
+// WithBatchSize sets how many rows the relay claims and publishes at once
+// (default 500, at most 10000).
+func WithBatchSize(n int) RelayOption {
+	return relayFunc(func(c *relayConfig) {
+		if n < 1 || n > 10000 {
+			c.fail("batch size %d out of range 1..10000", n)
+			return
+		}
+		c.batchSize = n
+	})
+}
+
+// WithMaxBatchBytes caps the size of one batch (default 900 KiB, below
+// Kafka's default message.max.bytes), so that each partition's share of a
+// batch fits in one produce request and is acknowledged all or nothing.
+// A single larger row is still sent, alone.
+func WithMaxBatchBytes(n int) RelayOption {
+	return relayFunc(func(c *relayConfig) {
+		if n < 1024 {
+			c.fail("max batch bytes %d below 1024", n)
+			return
+		}
+		c.maxBatchBytes = n
+	})
+}
+
+// WithPollInterval sets how often the relay looks for rows without being
+// notified (default 5s). Notifications normally wake it within
+// milliseconds; polling only covers lost ones.
+func WithPollInterval(d time.Duration) RelayOption {
+	return relayFunc(func(c *relayConfig) {
+		if d <= 0 {
+			c.fail("poll interval %v must be positive", d)
+			return
+		}
+		c.pollInterval = d
+	})
+}
+
+// WithRebalanceInterval sets how often the relay recounts the live relays
+// and takes or gives up lanes (default 2s).
+func WithRebalanceInterval(d time.Duration) RelayOption {
+	return relayFunc(func(c *relayConfig) {
+		if d <= 0 {
+			c.fail("rebalance interval %v must be positive", d)
+			return
+		}
+		c.rebalanceInterval = d
+	})
+}
+
+// WithStatusInterval sets how often the relay samples the pending rows for
+// Metrics.Pending (default 10s).
+func WithStatusInterval(d time.Duration) RelayOption {
+	return relayFunc(func(c *relayConfig) {
+		if d <= 0 {
+			c.fail("status interval %v must be positive", d)
+			return
+		}
+		c.statusInterval = d
+	})
+}
+
+// WithRetention sets how long published rows are kept before the relay
+// deletes them (default 24h); kept rows let operators see what was sent.
+func WithRetention(d time.Duration) RelayOption {
+	return relayFunc(func(c *relayConfig) {
+		if d < 0 {
+			c.fail("retention %v must not be negative", d)
+			return
+		}
+		c.retention = d
+	})
+}
+
+// WithCleanupInterval sets how often the relay deletes expired published
+// rows (default 1m), in batches of 1000.
+func WithCleanupInterval(d time.Duration) RelayOption {
+	return relayFunc(func(c *relayConfig) {
+		if d <= 0 {
+			c.fail("cleanup interval %v must be positive", d)
+			return
+		}
+		c.cleanupInterval = d
+	})
+}
+
+// WithBackoff sets the bounds of the exponential, jittered delay between
+// retries after a failed publish or database error (default 100ms to 30s).
+func WithBackoff(lo, hi time.Duration) RelayOption {
+	return relayFunc(func(c *relayConfig) {
+		if lo <= 0 || hi < lo {
+			c.fail("backoff bounds %v..%v invalid", lo, hi)
+			return
+		}
+		c.backoffMin, c.backoffMax = lo, hi
+	})
+}
+
+// WithMetrics installs the relay's measurement callbacks.
+func WithMetrics(m Metrics) RelayOption {
+	return relayFunc(func(c *relayConfig) { c.metrics = m })
+}
+
+// WithHooks installs fault-injection hooks, for tests.
+func WithHooks(h Hooks) RelayOption {
+	return relayFunc(func(c *relayConfig) { c.hooks = h })
+}
+
+// WithLogger sets the relay's logger (default slog.Default()).
+func WithLogger(l *slog.Logger) RelayOption {
+	return relayFunc(func(c *relayConfig) {
+		if l != nil {
+			c.logger = l
+		}
+	})
+}
+
+// WithKafkaWriter lets the caller adjust the kafka-go Writer the relay
+// publishes with: Transport (TLS, SASL), Balancer, WriteTimeout,
+// MaxAttempts, Compression, AllowAutoTopicCreation, loggers. The settings
+// the relay's guarantees rest on are restored after fn runs: RequiredAcks =
+// RequireAll, synchronous writes, per-message topics, and batch limits large
+// enough that one call sends each partition's messages in one request.
+func WithKafkaWriter(fn func(*kafka.Writer)) RelayOption {
+	return relayFunc(func(c *relayConfig) {
+		if fn != nil {
+			c.kafka = append(c.kafka, fn)
+		}
+	})
+}

@@ -1,0 +1,121 @@
+package outbox
+
+import (
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/protoevents/protoevents/templates"
+)
+
+// This file is the package's one place for SQL: the schema comes from
+// templates/outbox.sql, the statements below are built around a table name
+// that was validated and quoted with pgx.Identifier.
+
+// migrateLockKey serialises concurrent Migrate calls across the database
+// (pg_advisory_xact_lock's one-bigint key space).
+const migrateLockKey int64 = 0x70726f746f657631 // "protoev1"
+
+// presenceLane is the second advisory-lock key every live relay holds in
+// shared mode on the table's first key; counting its holders counts relays.
+const presenceLane int32 = 2147483647
+
+const (
+	sqlMigrateLock   = `SELECT pg_advisory_xact_lock($1)`
+	sqlCurrentSchema = `SELECT current_schema()`
+	// sqlResolve finds an outbox table by its (quoted) name, as the
+	// search_path resolves it.
+	sqlResolve = `SELECT c.oid, n.nspname, c.relname, COALESCE(obj_description(c.oid, 'pg_class'), '')
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = to_regclass($1)`
+
+	// sqlSessionSettings bounds how long a relay that vanished without
+	// closing its connection (a network partition, a frozen VM) keeps its
+	// lanes: the server drops the session when keepalives go unanswered for
+	// about a minute, or when a claim transaction sits idle for five
+	// minutes, far longer than a publish may take.
+	sqlSessionSettings = `SET idle_in_transaction_session_timeout = '5min';
+SET tcp_keepalives_idle = 30; SET tcp_keepalives_interval = 10; SET tcp_keepalives_count = 3`
+	sqlPresenceLock = `SELECT pg_advisory_lock_shared($1, $2)`
+	sqlLiveRelays   = `SELECT count(*) FROM pg_locks
+WHERE locktype = 'advisory' AND granted AND objsubid = 2
+  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+  AND classid = $1 AND objid = $2`
+	// sqlTryLanes takes free lanes until it holds $3 more; LIMIT stops the
+	// scan, so no lock is taken beyond it.
+	sqlTryLanes    = `SELECT l FROM unnest($2::int[]) AS l WHERE pg_try_advisory_lock($1, l) LIMIT $3`
+	sqlUnlockLanes = `SELECT bool_and(pg_advisory_unlock($1, l)) FROM unnest($2::int[]) AS l`
+)
+
+// queries are the statements on one outbox table.
+type queries struct {
+	insert        string
+	insertBatch   string
+	claim         string
+	claimUnparked string
+	markPublished string
+	markFailed    string
+	cleanup       string
+	statusPending string
+	statusDone    string
+	statusError   string
+}
+
+func newQueries(table string) queries {
+	return queries{
+		insert: fmt.Sprintf(`INSERT INTO %s (event_id, event_type, topic, key, value, headers)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb)`, table),
+		// One statement, one round trip for any number of events; WITH
+		// ORDINALITY keeps ids in the caller's order.
+		insertBatch: fmt.Sprintf(`INSERT INTO %s (event_id, event_type, topic, key, value, headers)
+SELECT e, t, tp, k, v, h::jsonb
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bytea[], $6::text[]) WITH ORDINALITY AS r(e, t, tp, k, v, h, n)
+ORDER BY n`, table),
+		// The head of the relay's lanes, in id order. Plain FOR UPDATE, not
+		// SKIP LOCKED: lanes are owned by one relay, so nothing of ours ever
+		// waits here, and if a foreign transaction did lock a pending row,
+		// waiting keeps per-key order where skipping would break it.
+		claim: fmt.Sprintf(`SELECT id, event_id, event_type, topic, key, lane, value, headers::text, attempts
+FROM %s WHERE published_at IS NULL AND lane = ANY($1::int[])
+ORDER BY id LIMIT $2 FOR UPDATE`, table),
+		// claimUnparked is claim without the rows of parked keys ($3 topics,
+		// $4 keys): all of a parked key's rows wait, so its order holds.
+		claimUnparked: fmt.Sprintf(`SELECT id, event_id, event_type, topic, key, lane, value, headers::text, attempts
+FROM %s o WHERE published_at IS NULL AND lane = ANY($1::int[])
+  AND NOT EXISTS (SELECT 1 FROM unnest($3::text[], $4::bytea[]) AS p(topic, key) WHERE p.topic = o.topic AND p.key = o.key)
+ORDER BY id LIMIT $2 FOR UPDATE`, table),
+		markPublished: fmt.Sprintf(`UPDATE %s SET published_at = now(), attempts = attempts + 1, last_error = NULL
+WHERE id = ANY($1::bigint[])`, table),
+		markFailed: fmt.Sprintf(`UPDATE %s SET attempts = attempts + 1, last_error = $2
+WHERE id = ANY($1::bigint[])`, table),
+		cleanup: fmt.Sprintf(`DELETE FROM %[1]s WHERE id IN (
+  SELECT id FROM %[1]s WHERE published_at < now() - make_interval(secs => $1)
+  ORDER BY published_at LIMIT $2 FOR UPDATE SKIP LOCKED)`, table),
+		statusPending: fmt.Sprintf(`SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8,
+  count(*) FILTER (WHERE attempts > 0)
+FROM %s WHERE published_at IS NULL`, table),
+		statusDone:  fmt.Sprintf(`SELECT count(*), max(published_at) FROM %s WHERE published_at IS NOT NULL`, table),
+		statusError: fmt.Sprintf(`SELECT last_error FROM %s WHERE published_at IS NULL AND last_error IS NOT NULL ORDER BY id LIMIT 1`, table),
+	}
+}
+
+// schemaData fills templates/outbox.sql.
+type schemaData struct {
+	Table, Schema                         string
+	PendingIndex, PublishedIndex, Trigger string
+	Channel, Comment                      string
+	Lanes                                 int
+}
+
+func renderSchema(schema, name string, lanes int) (string, error) {
+	return templates.Render("outbox.sql", schemaData{
+		Table:          pgx.Identifier{schema, name}.Sanitize(),
+		Schema:         pgx.Identifier{schema}.Sanitize(),
+		PendingIndex:   pgx.Identifier{derivedName(name, "_pending_idx")}.Sanitize(),
+		PublishedIndex: pgx.Identifier{derivedName(name, "_published_idx")}.Sanitize(),
+		Trigger:        pgx.Identifier{derivedName(name, "_notify")}.Sanitize(),
+		Channel:        quoteLiteral(channelFor(schema, name)),
+		Comment:        quoteLiteral(encodeComment(lanes)),
+		Lanes:          lanes,
+	})
+}

@@ -1,0 +1,206 @@
+package outbox
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/protoevents/protoevents/internal/testenv"
+	events "github.com/protoevents/protoevents/runtime"
+	"github.com/protoevents/protoevents/runtime/envelope"
+)
+
+func TestWriterRowsCommitWithTheTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testenv.DB(t)
+	if err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWriter(WithProducer("orders"), WithFormat(envelope.FormatProto))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := descriptorFor("orders")
+	d.Producer = ""
+
+	// Rolled back: no row.
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(ctx, tx, newEvent(d, "a", 0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.WriteBatch(ctx, tx, []events.Event{newEvent(d, "a", 1), newEvent(d, "b", 0)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("%d rows after rollback, want 0", n)
+	}
+
+	// Committed: exactly the rows, in call order, with decodable envelopes.
+	tx, err = pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := w.Write(ctx, tx, newEvent(d, "a", 0), events.WithCorrelationID("c-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := w.WriteBatch(ctx, tx, []events.Event{newEvent(d, "a", 1), newEvent(d, "b", 0), newEvent(d, "a", 2)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := append([]events.EventID{first}, batch...)
+	rows, err := pool.Query(ctx, `SELECT event_id, event_type, topic, key, lane, value, headers::text, published_at IS NULL FROM outbox ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type dbRow struct {
+		EventID, Type, Topic string
+		Key                  []byte
+		Lane                 int
+		Value                []byte
+		Headers              string
+		Pending              bool
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[dbRow])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(want) {
+		t.Fatalf("%d rows, want %d", len(got), len(want))
+	}
+	lanes := map[string]int{}
+	for i, r := range got {
+		if r.EventID != want[i].String() || r.Topic != "orders" || r.Type != d.Type || !r.Pending {
+			t.Fatalf("row %d = %+v, want event %s on orders, pending", i, r, want[i])
+		}
+		if l, ok := lanes[string(r.Key)]; ok && l != r.Lane {
+			t.Fatalf("key %s in lanes %d and %d", r.Key, l, r.Lane)
+		}
+		lanes[string(r.Key)] = r.Lane
+		hs, err := decodeHeaders(r.Headers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env, err := envelope.Decode(kafka.Message{Key: r.Key, Value: r.Value, Headers: hs})
+		if err != nil {
+			t.Fatalf("row %d does not decode: %v", i, err)
+		}
+		if env.EventID != want[i] || env.Producer != "orders" || env.Format != envelope.FormatProto {
+			t.Fatalf("row %d envelope: %+v", i, env.Metadata)
+		}
+		if (i == 0) != (env.CorrelationID == "c-1") {
+			t.Fatalf("row %d correlation id %q", i, env.CorrelationID)
+		}
+	}
+}
+
+func TestWriterRefusesBadInput(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testenv.DB(t)
+	if err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWriter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	d := descriptorFor("x")
+	if _, err := w.WriteBatch(ctx, tx, []events.Event{newEvent(d, "a", 0), newEvent(d, "a", 1)}, events.WithEventID(envelope.NewEventID())); err == nil {
+		t.Fatal("a batch sharing one fixed event ID was accepted")
+	}
+	if _, err := w.Write(ctx, tx, newEvent(&events.Descriptor{Type: "x"}, "a", 0)); err == nil || !strings.Contains(err.Error(), "no topic") {
+		t.Fatalf("event without topic: %v", err)
+	}
+	if ids, err := w.WriteBatch(ctx, tx, nil); err != nil || ids != nil {
+		t.Fatalf("empty batch: %v %v", ids, err)
+	}
+	if _, err := NewWriter(WithTable("no such; table")); err == nil {
+		t.Fatal("invalid table name accepted")
+	}
+	// The same fixed ID twice violates the unique event_id.
+	id := envelope.NewEventID()
+	if _, err := w.Write(ctx, tx, newEvent(d, "a", 0), events.WithEventID(id)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(ctx, tx, newEvent(d, "a", 1), events.WithEventID(id)); err == nil {
+		t.Fatal("duplicate event ID accepted")
+	}
+}
+
+// TestWriterNotifiesOnCommitOnly checks the wake-up path: a committed
+// insert notifies the table's channel, a rolled-back one does not.
+func TestWriterNotifiesOnCommitOnly(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, schema := testenv.DB(t)
+	if err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Release()
+	channel := channelFor(schema, "outbox")
+	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Exec(context.Background(), "UNLISTEN *")
+	w, _ := NewWriter()
+	d := descriptorFor("x")
+	write := func(commit bool) {
+		tx, err := pool.Begin(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := w.Write(ctx, tx, newEvent(d, "k", 0)); err != nil {
+			t.Fatal(err)
+		}
+		if commit {
+			err = tx.Commit(ctx)
+		} else {
+			err = tx.Rollback(ctx)
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	wait := func(d time.Duration) bool {
+		wctx, cancel := context.WithTimeout(ctx, d)
+		defer cancel()
+		_, err := conn.Conn().WaitForNotification(wctx)
+		return err == nil
+	}
+	write(false)
+	if wait(300 * time.Millisecond) {
+		t.Fatal("a rolled-back insert notified")
+	}
+	write(true)
+	if !wait(5 * time.Second) {
+		t.Fatal("a committed insert did not notify")
+	}
+}

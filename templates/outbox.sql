@@ -1,0 +1,56 @@
+{{- /*
+The outbox table of runtime/outbox, rendered by outbox.Migrate inside one
+transaction that holds an advisory lock, so it is safe to run concurrently and
+repeatedly. Every name below is already a quoted identifier or literal.
+
+  .Table          schema-qualified table, e.g. "public"."outbox"
+  .Schema         its schema
+  .PendingIndex   partial index on pending rows (the relay's scan)
+  .PublishedIndex partial index on published rows (the cleanup's scan)
+  .Trigger        statement-level trigger that wakes the relays
+  .Channel        LISTEN/NOTIFY channel as a string literal
+  .Lanes          number of key-hash lanes (fixed when the table is created)
+  .Comment        table comment as a string literal; records the lane count
+*/ -}}
+CREATE TABLE IF NOT EXISTS {{.Table}} (
+    -- id is the publish order: the relay sends each lane's rows in id order.
+    id           bigserial   PRIMARY KEY,
+    -- event_id is the envelope's ULID, what consumers deduplicate on.
+    event_id     text        NOT NULL UNIQUE,
+    event_type   text        NOT NULL,
+    topic        text        NOT NULL,
+    key          bytea       NOT NULL,
+    -- lane partitions the rows by key hash; one relay at a time owns a lane
+    -- (session advisory lock), which keeps per-key order across relays.
+    lane         integer     NOT NULL
+        GENERATED ALWAYS AS ((hashtext(encode(key, 'hex')) & 2147483647) % {{.Lanes}}) STORED,
+    -- value and headers are the encoded envelope, ready to publish as is.
+    value        bytea       NOT NULL,
+    headers      jsonb       NOT NULL DEFAULT '[]',
+    created_at   timestamptz NOT NULL DEFAULT now(),
+    published_at timestamptz,
+    attempts     integer     NOT NULL DEFAULT 0,
+    last_error   text
+);
+
+COMMENT ON TABLE {{.Table}} IS {{.Comment}};
+
+-- The relay's scan: pending rows in id order. Partial, so it stays small
+-- however many published rows are kept for the retention period.
+CREATE INDEX IF NOT EXISTS {{.PendingIndex}} ON {{.Table}} (id) WHERE published_at IS NULL;
+
+-- The cleanup's scan: published rows by age.
+CREATE INDEX IF NOT EXISTS {{.PublishedIndex}} ON {{.Table}} (published_at) WHERE published_at IS NOT NULL;
+
+-- One notification per inserting statement, delivered at commit (never for
+-- a rolled-back transaction); the channel is passed as the trigger argument.
+CREATE OR REPLACE FUNCTION {{.Schema}}.protoevents_outbox_notify() RETURNS trigger
+    LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify(TG_ARGV[0], '');
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER {{.Trigger}} AFTER INSERT ON {{.Table}}
+    FOR EACH STATEMENT EXECUTE FUNCTION {{.Schema}}.protoevents_outbox_notify({{.Channel}});

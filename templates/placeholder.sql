@@ -1,2 +1,0 @@
--- Placeholder so the embed pattern matches before the schema files land;
--- removed once outbox.sql and consumer.sql exist.
