@@ -55,6 +55,14 @@ func (c *Consumer) runPartition(runCtx, gctx context.Context, gen *kafka.Generat
 	defer cancel()
 	stop := context.AfterFunc(gctx, cancel)
 	defer stop()
+	// An abort is a simulated crash: like a dying process, every partition
+	// stops at once, without finishing retries or dead-lettering.
+	stopOnAbort := context.AfterFunc(runCtx, func() {
+		if c.aborted.Load() {
+			cancel()
+		}
+	})
+	defer stopOnAbort()
 
 	p := &partition{
 		c: c, gen: gen, topic: topic, id: a.ID,

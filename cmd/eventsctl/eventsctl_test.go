@@ -1,0 +1,156 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/protoevents/protoevents/examples/demo"
+	ordersv1 "github.com/protoevents/protoevents/examples/gen/shop/orders/v1"
+	"github.com/protoevents/protoevents/examples/shipping"
+	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/runtime/outbox"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// cli runs one eventsctl command line in-process.
+func cli(t *testing.T, env map[string]string, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	e := &cliEnv{stdout: &out, stderr: &errOut, getenv: func(k string) string { return env[k] }}
+	code = run(context.Background(), e, args)
+	return code, out.String(), errOut.String()
+}
+
+func TestHelpAndUsageErrors(t *testing.T) {
+	code, out, _ := cli(t, nil, "help")
+	if code != 0 {
+		t.Fatalf("help exit %d", code)
+	}
+	for _, c := range commands {
+		if !strings.Contains(out, "  "+c.name) {
+			t.Errorf("help does not list %s:\n%s", c.name, out)
+		}
+	}
+	cases := []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{"frobnicate"}, 2, `unknown command "frobnicate"`},
+		{[]string{"migrate"}, 2, "--database-url is required (or set PROTOEVENTS_DATABASE_URL)"},
+		{[]string{"relay", "--database-url", "postgres://x"}, 2, "--brokers is required (or set PROTOEVENTS_KAFKA_BROKERS)"},
+		{[]string{"dlq"}, 2, "missing subcommand"},
+		{[]string{"dlq", "list", "--brokers", "b:9092"}, 2, "--topic is required"},
+		{[]string{"dlq", "redrive", "--brokers", "b:9092", "--topic", "t.dlq"}, 2, "choose exactly one of --offset, --event-id or --all"},
+		{[]string{"dlq", "redrive", "--brokers", "b:9092", "--topic", "t.dlq", "--offset", "x"}, 2, `offset "x" is not a non-negative integer`},
+		{[]string{"outbox"}, 2, `want "eventsctl outbox status"`},
+		{[]string{"migrate", "--bogus"}, 2, "flag provided but not defined: -bogus"},
+		{[]string{"migrate", "--database-url", "postgres://x", "--only", "both"}, 2, "--only must be outbox or consumer"},
+		{[]string{"compat"}, 2, ""},
+	}
+	for _, c := range cases {
+		code, _, errOut := cli(t, nil, c.args...)
+		if code != c.code || !strings.Contains(errOut, c.want) {
+			t.Errorf("eventsctl %s: exit %d, stderr %q; want exit %d with %q", strings.Join(c.args, " "), code, errOut, c.code, c.want)
+		}
+	}
+	// Every command answers -h with its flags and exit 0.
+	for _, c := range commands {
+		if c.name == "version" {
+			continue
+		}
+		args := []string{c.name, "-h"}
+		if c.name == "outbox" {
+			args = []string{"outbox", "status", "-h"}
+		}
+		if c.name == "dlq" {
+			args = []string{"dlq", "redrive", "-h"}
+		}
+		code, _, errOut := cli(t, nil, args...)
+		if code != 0 || !strings.Contains(strings.ToLower(errOut), "usage:") {
+			t.Errorf("eventsctl %s: exit %d, help %q", strings.Join(args, " "), code, errOut)
+		}
+	}
+}
+
+// dbURL is the URL of the test's own schema, for commands that connect by
+// URL.
+func dbURL(t *testing.T, schema string) string {
+	u, err := url.Parse(testenv.ServerURL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("search_path", schema)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// TestDemoPoisonRedrive is the operator's path through the demo's poison
+// message: list it, fix the shipping service (it serves the country now),
+// redrive it with eventsctl, and see it applied exactly once; a second
+// redrive changes nothing.
+func TestDemoPoisonRedrive(t *testing.T) {
+	ctx := context.Background()
+	pool, schema := testenv.DB(t)
+	k := testenv.Kafka(t)
+	env := map[string]string{"PROTOEVENTS_DATABASE_URL": dbURL(t, schema), "PROTOEVENTS_KAFKA_BROKERS": strings.Join(k.Brokers, ",")}
+
+	if code, out, errOut := cli(t, env, "migrate"); code != 0 || !strings.Contains(out, "outbox table outbox: ready") {
+		t.Fatalf("migrate: exit %d\n%s%s", code, out, errOut)
+	}
+	if err := demo.Setup(ctx, pool, k.Brokers); err != nil {
+		t.Fatal(err)
+	}
+	cfg := demo.Config{DB: pool, Brokers: k.Brokers, Orders: 40}
+	rep, err := demo.Run(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.OK() {
+		for _, e := range rep.DLQEntries {
+			t.Logf("DLQ %d@%d %s attempts %d consumer %s first %s last %s from %s/%d@%d", e.Partition, e.Offset, e.EventID, e.Attempts, e.Consumer, e.FirstFailure, e.LastFailure, e.OriginalTopic, e.OriginalPartition, e.OriginalOffset)
+		}
+		t.Fatalf("demo invariants: %v", rep.Violations)
+	}
+
+	code, out, errOut := cli(t, env, "dlq", "list", "--topic", ordersv1.OrderPlacedDLQTopic)
+	if code != 0 || strings.Count(out, "\n") != 1+len(rep.DLQEntries) || !strings.Contains(out, rep.DLQEntries[0].EventID) ||
+		!strings.Contains(out, `no carrier serves country "ZZ"`) || !strings.Contains(out, ordersv1.OrderPlacedTopic+"/") {
+		t.Fatalf("dlq list: exit %d\n%s%s", code, out, errOut)
+	}
+	e := rep.DLQEntries[0]
+	code, out, errOut = cli(t, env, "dlq", "show", "--topic", ordersv1.OrderPlacedDLQTopic, "--partition", itoa(e.Partition), "--offset", itoa(int(e.Offset)))
+	if code != 0 || !strings.Contains(out, "dlq_error: ") || !strings.Contains(out, `"event_id":"`+e.EventID+`"`) {
+		t.Fatalf("dlq show: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := cli(t, env, "outbox", "status"); code != 0 || !strings.Contains(out, "pending") {
+		t.Fatalf("outbox status: exit %d\n%s%s", code, out, errOut)
+	}
+
+	w, err := outbox.NewWriter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	fixed := shipping.New(w) // serves every country now
+	for round := 1; round <= 2; round++ {
+		code, out, errOut := cli(t, env, "dlq", "redrive", "--topic", ordersv1.OrderPlacedDLQTopic, "--event-id", e.EventID)
+		if code != 0 || !strings.Contains(out, "redrove shop.orders.v1.OrderPlaced "+e.EventID) {
+			t.Fatalf("redrive %d: exit %d\n%s%s", round, code, out, errOut)
+		}
+		n, err := demo.ApplyRedriven(ctx, cfg, fixed, rep.PoisonOrderID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n != 1 {
+			t.Fatalf("after redrive %d the poison order is applied %d times, want 1", round, n)
+		}
+	}
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

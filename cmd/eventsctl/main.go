@@ -1,0 +1,191 @@
+// Command eventsctl operates protoevents in production: it migrates the
+// schema, runs the outbox relay as a process, reports the outbox's backlog,
+// lists, shows and redrives dead-lettered messages, prunes the dedup table
+// and checks event schemas for breaking changes.
+//
+// Every connection flag also reads an environment variable, so a
+// deployment sets them once:
+//
+//	PROTOEVENTS_DATABASE_URL   --database-url  (also DATABASE_URL)
+//	PROTOEVENTS_KAFKA_BROKERS  --brokers       (comma-separated host:port)
+//
+// Run "eventsctl help" for the commands and "eventsctl <command> -h" for a
+// command's flags.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+// command is one eventsctl subcommand.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, env *cliEnv, args []string) error
+}
+
+// commands lists the subcommands in help order.
+var commands = []command{
+	{"migrate", "create or upgrade the outbox and dedup tables (idempotent)", runMigrate},
+	{"relay", "run the outbox relay: publish committed events to Kafka", runRelay},
+	{"outbox", "outbox status: pending rows, oldest pending age, failures", runOutbox},
+	{"dlq", "dead-letter queues: list, show and redrive messages", runDLQ},
+	{"prune", "delete dedup rows older than the retention", runPrune},
+	{"compat", "check event schemas for breaking changes against a baseline", runCompat},
+	{"version", "print the version", runVersion},
+}
+
+// cliEnv carries the process's streams and environment, so tests run
+// commands in-process.
+type cliEnv struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+}
+
+// errUsage marks an error whose message is a usage problem (exit code 2).
+var errUsage = errors.New("usage")
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, &cliEnv{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}, os.Args[1:]))
+}
+
+// run executes one command line and returns the exit code: 0 success, 1
+// failure, 2 usage error (and, for compat, 1 means breaking changes).
+func run(ctx context.Context, env *cliEnv, args []string) int {
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		if len(args) > 1 {
+			return run(ctx, env, []string{args[1], "-h"})
+		}
+		printUsage(env.stdout)
+		if len(args) == 0 {
+			return 2
+		}
+		return 0
+	}
+	for _, c := range commands {
+		if c.name != args[0] {
+			continue
+		}
+		err := c.run(ctx, env, args[1:])
+		var exit exitError
+		switch {
+		case err == nil:
+			return 0
+		case errors.Is(err, flag.ErrHelp):
+			return 0
+		case errors.As(err, &exit):
+			return int(exit)
+		case errors.Is(err, errUsage):
+			fmt.Fprintf(env.stderr, "eventsctl %s: %v\n", c.name, err)
+			return 2
+		default:
+			fmt.Fprintf(env.stderr, "eventsctl %s: %v\n", c.name, err)
+			return 1
+		}
+	}
+	fmt.Fprintf(env.stderr, "eventsctl: unknown command %q; run \"eventsctl help\" for the list\n", args[0])
+	return 2
+}
+
+// exitError is returned by commands that choose their own exit code.
+type exitError int
+
+func (e exitError) Error() string { return fmt.Sprintf("exit %d", int(e)) }
+
+func printUsage(w io.Writer) {
+	fmt.Fprint(w, `eventsctl operates protoevents: the outbox, its relay, consumers' DLQs and schemas.
+
+Usage:
+  eventsctl <command> [flags]
+
+Commands:
+`)
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
+	}
+	fmt.Fprint(w, `
+Environment:
+  PROTOEVENTS_DATABASE_URL   Postgres URL, for --database-url (DATABASE_URL also works)
+  PROTOEVENTS_KAFKA_BROKERS  comma-separated Kafka brokers, for --brokers
+
+Run "eventsctl <command> -h" for a command's flags.
+`)
+}
+
+// newFlags returns a flag set for a subcommand whose help lists the usage
+// line, a description and every flag.
+func newFlags(env *cliEnv, name, usage, desc string) *flag.FlagSet {
+	fs := flag.NewFlagSet("eventsctl "+name, flag.ContinueOnError)
+	fs.SetOutput(env.stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(env.stderr, "Usage: eventsctl %s %s\n\n%s\n\nFlags:\n", name, usage, strings.TrimSpace(desc))
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parse parses args, turning flag errors into usage errors.
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	return nil
+}
+
+// dbFlag registers --database-url with its environment defaults.
+func dbFlag(fs *flag.FlagSet, env *cliEnv) *string {
+	def := env.getenv("PROTOEVENTS_DATABASE_URL")
+	if def == "" {
+		def = env.getenv("DATABASE_URL")
+	}
+	return fs.String("database-url", def, "Postgres URL (env PROTOEVENTS_DATABASE_URL or DATABASE_URL)")
+}
+
+// brokersFlag registers --brokers with its environment default.
+func brokersFlag(fs *flag.FlagSet, env *cliEnv) *string {
+	return fs.String("brokers", env.getenv("PROTOEVENTS_KAFKA_BROKERS"), "comma-separated Kafka brokers host:port (env PROTOEVENTS_KAFKA_BROKERS)")
+}
+
+// need returns a usage error naming the flag and its variable when v is
+// empty.
+func need(v, flagName, envName string) error {
+	if strings.TrimSpace(v) == "" {
+		return fmt.Errorf("%w: --%s is required (or set %s)", errUsage, flagName, envName)
+	}
+	return nil
+}
+
+// splitList splits a comma-separated flag value, dropping blanks.
+func splitList(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// sortedKeys returns the keys of m in order.
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

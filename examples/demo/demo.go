@@ -1,0 +1,475 @@
+// Package demo runs the protoevents example end to end: the orders service
+// places orders (business row + outbox rows in one transaction), the relay
+// publishes the outbox to Kafka, and the shipping service consumes
+// OrderPlaced idempotently. Along the way it injects the failures the
+// library exists for: a poison order that ends in the DLQ, a relay crash
+// between publishing and marking (so events are sent twice), and a
+// consumer crash between its DB commit and its offset commit (so events
+// are delivered twice). It then checks the invariants and reports.
+package demo
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	ordersv1 "github.com/protoevents/protoevents/examples/gen/shop/orders/v1"
+	ordersv2 "github.com/protoevents/protoevents/examples/gen/shop/orders/v2"
+	shippingv1 "github.com/protoevents/protoevents/examples/gen/shop/shipping/v1"
+	"github.com/protoevents/protoevents/examples/orders"
+	"github.com/protoevents/protoevents/examples/shipping"
+	"github.com/protoevents/protoevents/internal/kafkacluster"
+	events "github.com/protoevents/protoevents/runtime"
+	"github.com/protoevents/protoevents/runtime/consumer"
+	"github.com/protoevents/protoevents/runtime/outbox"
+)
+
+// Config says how big the run is and where it runs.
+type Config struct {
+	// DB is the database the services share (each has its own tables).
+	DB *pgxpool.Pool
+	// Brokers is the Kafka cluster.
+	Brokers []string
+	// Orders is how many orders to place, poison included.
+	Orders int
+	// PoisonCountry is the shipping country no carrier serves: the one
+	// order shipped there fails until an operator fixes the configuration.
+	PoisonCountry string
+	// Progress receives one line per second while the run goes on; nil
+	// discards.
+	Progress io.Writer
+	// Log receives the runtime's logs; nil discards.
+	Log *slog.Logger
+	// Timeout bounds the whole run.
+	Timeout time.Duration
+}
+
+// Report is what the run observed.
+type Report struct {
+	OrdersPlaced       int
+	EventsWritten      int   // outbox rows written by the orders service (v1 + v2)
+	Published          int64 // rows the relays marked published (re-sent rows count once)
+	RelayCrashes       int
+	ConsumerCrashes    int
+	Applied            int64 // OrderPlaced v1 events whose effect is in the shipping tables
+	AppliedV2          int64 // OrderPlaced v2 events the revenue consumer applied
+	ShipmentEvents     int64 // ShipmentCreated events shipping wrote to its outbox
+	DuplicatesAbsorbed int64 // redeliveries the dedup table absorbed
+	Retries            int64
+	DeadLettered       int64
+	DLQEntries         []consumer.DLQEntry
+	PoisonOrderID      string
+	Violations         []string
+	Elapsed            time.Duration
+}
+
+// OK reports whether every invariant held.
+func (r *Report) OK() bool { return len(r.Violations) == 0 }
+
+// Print writes the report.
+func (r *Report) Print(w io.Writer) {
+	fmt.Fprintf(w, "\nprotoevents demo report (%s)\n", r.Elapsed.Round(time.Millisecond))
+	fmt.Fprintf(w, "  orders placed                 %6d  (1 to an unserved country: the poison order)\n", r.OrdersPlaced)
+	fmt.Fprintf(w, "  events written to the outbox  %6d  (OrderPlaced v2 and, side by side, v1)\n", r.EventsWritten)
+	fmt.Fprintf(w, "  published by the relay        %6d  (those + %d ShipmentCreated from shipping's outbox; after %d relay crash between publish and mark)\n", r.Published, r.ShipmentEvents, r.RelayCrashes)
+	fmt.Fprintf(w, "  consumed once (applied)       %6d  (shipping, OrderPlaced v1)\n", r.Applied)
+	fmt.Fprintf(w, "  consumed once (applied)       %6d  (revenue, OrderPlaced v2: migrated already)\n", r.AppliedV2)
+	fmt.Fprintf(w, "  duplicates absorbed           %6d  (re-sent by the relay, redelivered after %d consumer crash)\n", r.DuplicatesAbsorbed, r.ConsumerCrashes)
+	fmt.Fprintf(w, "  retries                       %6d\n", r.Retries)
+	fmt.Fprintf(w, "  dead-lettered                 %6d  (%s)\n", r.DeadLettered, ordersv1.OrderPlacedDLQTopic)
+	for _, e := range r.DLQEntries {
+		fmt.Fprintf(w, "    DLQ %d@%d  event %s  order %s  after %d attempts: %s\n", e.Partition, e.Offset, e.EventID, e.Key, e.Attempts, firstLine(e.Error))
+	}
+	if r.OK() {
+		fmt.Fprintln(w, "  invariants: OK (no lost event, no phantom event, each event applied exactly once, poison in its DLQ)")
+		return
+	}
+	fmt.Fprintln(w, "  invariants VIOLATED:")
+	for _, v := range r.Violations {
+		fmt.Fprintln(w, "   -", v)
+	}
+}
+
+func firstLine(s string) string {
+	for i, c := range s {
+		if c == '\n' {
+			return s[:i]
+		}
+	}
+	return s
+}
+
+// counters are updated by the consumer hooks.
+type counters struct {
+	duplicates, retries, deadLettered atomic.Int64
+	published                         atomic.Int64
+}
+
+func (c *counters) hooks() consumer.Hooks {
+	return consumer.Hooks{
+		Duplicate:    func(events.Delivery, string) { c.duplicates.Add(1) },
+		Retry:        func(events.Delivery, error, time.Duration) { c.retries.Add(1) },
+		DeadLettered: func(consumer.DeadLetter) { c.deadLettered.Add(1) },
+	}
+}
+
+// revenueSchema is the table of the demo's second consumer, which already
+// reads OrderPlaced v2 while shipping still reads v1.
+const revenueSchema = `CREATE TABLE IF NOT EXISTS revenue (
+	order_id text PRIMARY KEY,
+	currency text NOT NULL,
+	units    bigint NOT NULL
+)`
+
+// recordRevenue is the v2 consumer's handler.
+func recordRevenue(ctx context.Context, tx pgx.Tx, _ events.Meta, ev *ordersv2.OrderPlaced) error {
+	_, err := tx.Exec(ctx, `INSERT INTO revenue (order_id, currency, units) VALUES ($1, $2, $3)`,
+		ev.GetOrderId(), ev.GetTotal().GetCurrency(), ev.GetTotal().GetUnits())
+	return err
+}
+
+// Setup creates the tables and topics the demo needs.
+func Setup(ctx context.Context, pool *pgxpool.Pool, brokers []string) error {
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	if err := consumer.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	if err := orders.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	if err := shipping.Migrate(ctx, pool); err != nil {
+		return err
+	}
+	if _, err := pool.Exec(ctx, revenueSchema); err != nil {
+		return fmt.Errorf("demo: migrate revenue: %w", err)
+	}
+	var topics []string
+	for _, d := range []*events.Descriptor{ordersv1.OrderPlacedEvent, ordersv1.OrderCancelledEvent, ordersv2.OrderPlacedEvent, shippingv1.ShipmentCreatedEvent} {
+		topics = append(topics, d.Topic, d.DLQTopic)
+	}
+	return kafkacluster.CreateTopics(ctx, brokers, 3, topics...)
+}
+
+// Run executes the demo on a set-up database and cluster.
+func Run(ctx context.Context, cfg Config) (*Report, error) {
+	start := time.Now()
+	if cfg.Orders < 2 {
+		cfg.Orders = 2
+	}
+	if cfg.PoisonCountry == "" {
+		cfg.PoisonCountry = "ZZ"
+	}
+	if cfg.Timeout == 0 {
+		cfg.Timeout = 2 * time.Minute
+	}
+	if cfg.Progress == nil {
+		cfg.Progress = io.Discard
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	ctx, cancel := context.WithTimeout(ctx, cfg.Timeout)
+	defer cancel()
+	rep := &Report{}
+	var cnt counters
+
+	w, err := outbox.NewWriter()
+	if err != nil {
+		return nil, err
+	}
+	orderSvc := orders.New(cfg.DB, w)
+	shipSvc := shipping.New(w, cfg.PoisonCountry)
+
+	var wg sync.WaitGroup
+	errc := make(chan error, 8)
+	runCtx, stop := context.WithCancel(ctx)
+	defer func() { stop(); wg.Wait() }()
+
+	// The relay: the first instance crashes after its second published
+	// batch, before marking it; a second instance takes over and re-sends.
+	relayMetrics := outbox.Metrics{Published: func(n int) { cnt.published.Add(int64(n)) }}
+	batches := 0
+	crashing, err := outbox.NewRelay(cfg.DB, cfg.Brokers, outbox.WithBatchSize(50), outbox.WithLogger(cfg.Log),
+		outbox.WithMetrics(relayMetrics),
+		outbox.WithHooks(outbox.Hooks{AfterPublish: func(ctx context.Context, rows []outbox.Row) error {
+			if batches++; batches == 2 {
+				return errors.New("demo: relay crash between publish and mark")
+			}
+			return nil
+		}}))
+	if err != nil {
+		return nil, err
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		err := crashing.Run(runCtx)
+		if err == nil || runCtx.Err() != nil {
+			return
+		}
+		rep.RelayCrashes++
+		fmt.Fprintf(cfg.Progress, "  ! relay crashed (%v); restarting it\n", err)
+		restarted, err := outbox.NewRelay(cfg.DB, cfg.Brokers, outbox.WithBatchSize(50), outbox.WithLogger(cfg.Log), outbox.WithMetrics(relayMetrics))
+		if err != nil {
+			errc <- err
+			return
+		}
+		if err := restarted.Run(runCtx); err != nil && runCtx.Err() == nil {
+			errc <- fmt.Errorf("relay: %w", err)
+		}
+	}()
+
+	// The shipping consumer: the first instance crashes after committing
+	// its 25th transaction but before committing the Kafka offset; the
+	// restarted one gets those messages again and the dedup table absorbs
+	// them.
+	ccfg := consumer.Config{Name: shipping.ConsumerName, Brokers: cfg.Brokers, DB: cfg.DB}
+	copts := []consumer.Option{consumer.WithHooks(cnt.hooks()), consumer.WithLogger(cfg.Log),
+		consumer.WithBackoff(20*time.Millisecond, 200*time.Millisecond), consumer.WithMaxAttempts(4)}
+	var commits atomic.Int64
+	first, err := shipSvc.NewConsumer(ccfg, append(copts, consumer.WithFaults(consumer.Faults{
+		AfterDBCommit: func(kafka.Message) error {
+			if commits.Add(1) == 25 {
+				return errors.New("demo: consumer crash between DB commit and offset commit")
+			}
+			return nil
+		}}))...)
+	if err != nil {
+		return nil, err
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		err := first.Run(runCtx)
+		if err == nil || runCtx.Err() != nil {
+			return
+		}
+		rep.ConsumerCrashes++
+		fmt.Fprintf(cfg.Progress, "  ! consumer crashed (%v); restarting it\n", err)
+		second, err := shipSvc.NewConsumer(ccfg, copts...)
+		if err != nil {
+			errc <- err
+			return
+		}
+		if err := second.Run(runCtx); err != nil && runCtx.Err() == nil {
+			errc <- fmt.Errorf("consumer: %w", err)
+		}
+	}()
+
+	// The revenue consumer has migrated to OrderPlaced v2 already.
+	revenue, err := ordersv2.NewOrderPlacedConsumer(consumer.Config{Name: "revenue", Brokers: cfg.Brokers, DB: cfg.DB},
+		recordRevenue, consumer.WithLogger(cfg.Log))
+	if err != nil {
+		return nil, err
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := revenue.Run(runCtx); err != nil && runCtx.Err() == nil {
+			errc <- fmt.Errorf("revenue consumer: %w", err)
+		}
+	}()
+
+	// The orders service places orders for 20 customers; one ships to the
+	// unserved country.
+	poison := cfg.Orders / 2
+	for i := 0; i < cfg.Orders; i++ {
+		country := []string{"DE", "FR", "NL", "SE"}[i%4]
+		if i == poison {
+			country = cfg.PoisonCountry
+		}
+		id := fmt.Sprintf("ord-%05d", i)
+		if i == poison {
+			rep.PoisonOrderID = id
+		}
+		ids, err := orderSvc.PlaceOrder(ctx, orders.Order{
+			ID: id, CustomerID: fmt.Sprintf("cust-%02d", i%20), TotalCents: int64(1000 + i), Currency: "EUR", Country: country,
+			Items: []*ordersv2.LineItem{{Sku: "sku-1", Quantity: uint32(1 + i%3)}}, CorrelationID: "demo-" + id,
+		})
+		if err != nil {
+			return nil, err
+		}
+		rep.OrdersPlaced++
+		rep.EventsWritten += len(ids)
+	}
+	fmt.Fprintf(cfg.Progress, "  placed %d orders (%d outbox rows)\n", rep.OrdersPlaced, rep.EventsWritten)
+
+	// Wait until every good order is applied and the poison is in the DLQ.
+	want := int64(cfg.Orders - 1)
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for ticks, done := 0, false; !done; {
+		select {
+		case err := <-errc:
+			return nil, err
+		case <-ctx.Done():
+			rep.Violations = append(rep.Violations, fmt.Sprintf("timed out after %s: applied %d of %d, dead-lettered %d", cfg.Timeout, effects(context.Background(), cfg.DB), want, cnt.deadLettered.Load()))
+			done = true
+		case <-tick.C:
+			var revenueRows, pending int64
+			if st, err := outbox.Status(ctx, cfg.DB); err == nil {
+				pending = st.Pending
+			}
+			_ = cfg.DB.QueryRow(ctx, `SELECT count(*) FROM revenue`).Scan(&revenueRows)
+			applied := effects(ctx, cfg.DB)
+			done = applied >= want && cnt.deadLettered.Load() >= 1 && pending == 0 && revenueRows >= int64(cfg.Orders)
+			if ticks++; ticks%4 == 0 || done {
+				fmt.Fprintf(cfg.Progress, "  published %d, shipping applied %d/%d, revenue applied %d/%d, duplicates absorbed %d, retries %d, dead-lettered %d\n",
+					cnt.published.Load(), applied, want, revenueRows, cfg.Orders, cnt.duplicates.Load(), cnt.retries.Load(), cnt.deadLettered.Load())
+			}
+		}
+	}
+	stop()
+	wg.Wait()
+
+	// The run may have timed out: what follows gets a fresh deadline.
+	ctx, cancelReport := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
+	defer cancelReport()
+	rep.Published = cnt.published.Load()
+	// The hook's count misses an event whose transaction committed just
+	// before a crash; the database is the truth.
+	rep.Applied = effects(ctx, cfg.DB)
+	if err := cfg.DB.QueryRow(ctx, `SELECT count(*) FROM revenue`).Scan(&rep.AppliedV2); err != nil {
+		return nil, fmt.Errorf("demo: count revenue: %w", err)
+	}
+	if err := cfg.DB.QueryRow(ctx, `SELECT count(*) FROM shipments`).Scan(&rep.ShipmentEvents); err != nil {
+		return nil, fmt.Errorf("demo: count shipments: %w", err)
+	}
+	rep.DuplicatesAbsorbed = cnt.duplicates.Load()
+	rep.Retries = cnt.retries.Load()
+	rep.DeadLettered = cnt.deadLettered.Load()
+	rep.DLQEntries, err = consumer.ListDLQ(ctx, cfg.Brokers, ordersv1.OrderPlacedDLQTopic)
+	if err != nil {
+		return nil, err
+	}
+	rep.Violations = append(rep.Violations, Check(ctx, cfg.DB, rep)...)
+	rep.Elapsed = time.Since(start)
+	return rep, nil
+}
+
+// effects counts the shipping handler's side effects.
+func effects(ctx context.Context, db *pgxpool.Pool) int64 {
+	var n int64
+	_ = db.QueryRow(ctx, `SELECT count(*) FROM shipping_effects`).Scan(&n)
+	return n
+}
+
+// Check verifies the invariants against the database and the report.
+func Check(ctx context.Context, db *pgxpool.Pool, rep *Report) []string {
+	var v []string
+	bad := func(format string, args ...any) { v = append(v, fmt.Sprintf(format, args...)) }
+	var twice, missing int64
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM (SELECT order_id FROM shipping_effects GROUP BY order_id HAVING count(*) > 1) d`).Scan(&twice); err != nil {
+		bad("query effects: %v", err)
+	}
+	if twice > 0 {
+		bad("%d orders were applied more than once", twice)
+	}
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM orders o WHERE o.order_id <> $1
+		AND NOT EXISTS (SELECT 1 FROM shipping_effects e WHERE e.order_id = o.order_id)`, rep.PoisonOrderID).Scan(&missing); err != nil {
+		bad("query missing: %v", err)
+	}
+	if missing > 0 {
+		bad("%d placed orders never reached shipping (lost events)", missing)
+	}
+	var poisonApplied int64
+	_ = db.QueryRow(ctx, `SELECT count(*) FROM shipping_effects WHERE order_id = $1`, rep.PoisonOrderID).Scan(&poisonApplied)
+	if poisonApplied != 0 {
+		bad("the poison order was applied %d times", poisonApplied)
+	}
+	if st, err := outbox.Status(ctx, db); err != nil {
+		bad("outbox status: %v", err)
+	} else if st.Pending != 0 {
+		bad("%d outbox rows still pending", st.Pending)
+	}
+	// The poison order is in the DLQ at least once. It can be there twice,
+	// with one event ID, when the relay crash re-sent its batch: each copy
+	// fails on its own. Redriving either applies it once.
+	ids := map[string]bool{}
+	for _, e := range rep.DLQEntries {
+		if string(e.Key) != rep.PoisonOrderID {
+			bad("unexpected DLQ entry for key %q: %s", e.Key, e.Error)
+			continue
+		}
+		ids[e.EventID] = true
+	}
+	if len(ids) != 1 {
+		bad("the DLQ holds %d distinct events of the poison order, want 1", len(ids))
+	}
+	if rep.AppliedV2 != int64(rep.OrdersPlaced) {
+		bad("the v2 consumer applied %d events, want one per order (%d)", rep.AppliedV2, rep.OrdersPlaced)
+	}
+	if written := int64(rep.EventsWritten) + rep.ShipmentEvents; rep.Published != written {
+		bad("the relay marked %d outbox rows published, but %d were written", rep.Published, written)
+	}
+	if rep.RelayCrashes > 0 && rep.DuplicatesAbsorbed == 0 {
+		bad("the relay crashed after publishing, yet the consumer saw no duplicate")
+	}
+	return v
+}
+
+// Redrive republishes the poison order's DLQ entry and waits until the
+// (fixed) shipping service applies it; it returns the number of times the
+// order's effect exists afterwards, which must be 1.
+func Redrive(ctx context.Context, cfg Config, fixed *shipping.Service, poisonOrderID string) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if _, err := consumer.Redrive(ctx, cfg.Brokers, ordersv1.OrderPlacedDLQTopic, func(e consumer.DLQEntry) bool {
+		return string(e.Key) == poisonOrderID
+	}); err != nil {
+		return 0, err
+	}
+	return ApplyRedriven(ctx, cfg, fixed, poisonOrderID)
+}
+
+// ApplyRedriven runs the shipping consumer (with the fixed configuration)
+// until it has handled one more OrderPlaced message (applied, or absorbed as
+// a duplicate), then returns how often the order's effect exists, which
+// must be 1. The earlier consumers committed every offset, so the next
+// message is the redriven one.
+func ApplyRedriven(ctx context.Context, cfg Config, fixed *shipping.Service, orderID string) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	var handled atomic.Int64
+	c, err := fixed.NewConsumer(consumer.Config{Name: shipping.ConsumerName, Brokers: cfg.Brokers, DB: cfg.DB},
+		consumer.WithLogger(log), consumer.WithHooks(consumer.Hooks{
+			Processed: func(events.Delivery, string, time.Duration) { handled.Add(1) },
+			Duplicate: func(events.Delivery, string) { handled.Add(1) },
+		}))
+	if err != nil {
+		return 0, err
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	for handled.Load() == 0 && ctx.Err() == nil {
+		time.Sleep(50 * time.Millisecond)
+	}
+	stop()
+	if err := <-done; err != nil {
+		return 0, err
+	}
+	if ctx.Err() != nil {
+		return 0, fmt.Errorf("demo: no redriven message for order %s arrived: %w", orderID, ctx.Err())
+	}
+	var n int64
+	if err := cfg.DB.QueryRow(context.Background(), `SELECT count(*) FROM shipping_effects WHERE order_id = $1`, orderID).Scan(&n); err != nil {
+		return 0, fmt.Errorf("demo: count effects: %w", err)
+	}
+	return n, nil
+}
