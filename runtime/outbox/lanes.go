@@ -40,10 +40,16 @@ func connectSession(ctx context.Context, cfg *pgx.ConnConfig, t resolvedTable) (
 	return &session{conn: conn, table: t}, nil
 }
 
-// close ends the connection, which releases every lock it holds.
+// close releases the locks and ends the connection. Unlocking first makes
+// the lanes free when close returns; closing alone would free them only
+// once the server notices, a moment later (or, if the connection is
+// already broken, whenever it does).
 func (s *session) close(ctx context.Context) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
+	if !s.conn.IsClosed() {
+		_, _ = s.conn.Exec(ctx, sqlUnlockAll)
+	}
 	_ = s.conn.Close(ctx)
 	s.owned = nil
 }

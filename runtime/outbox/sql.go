@@ -44,6 +44,7 @@ WHERE locktype = 'advisory' AND granted AND objsubid = 2
 	// sqlTryLanes takes free lanes until it holds $3 more; LIMIT stops the
 	// scan, so no lock is taken beyond it.
 	sqlTryLanes    = `SELECT l FROM unnest($2::int[]) AS l WHERE pg_try_advisory_lock($1, l) LIMIT $3`
+	sqlUnlockAll   = `SELECT pg_advisory_unlock_all()`
 	sqlUnlockLanes = `SELECT bool_and(pg_advisory_unlock($1, l)) FROM unnest($2::int[]) AS l`
 )
 

@@ -2,9 +2,11 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -43,22 +45,30 @@ func Status(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (TableStatu
 	}
 	st := TableStatus{Table: rt.schema + "." + rt.name, Lanes: rt.lanes}
 	q := newQueries(rt.qualified())
-	if err := scanPending(ctx, pool, q, &st); err != nil {
+	// One snapshot for all the counts, so they agree with each other while
+	// relays keep publishing.
+	tx, err := pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	if err != nil {
+		return st, fmt.Errorf("outbox: status %s: begin: %w", st.Table, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if err := scanPending(ctx, tx, q, &st); err != nil {
 		return st, err
 	}
 	if st.Failing > 0 {
-		if err := pool.QueryRow(ctx, q.statusError).Scan(&st.LastError); err != nil {
+		err := tx.QueryRow(ctx, q.statusError).Scan(&st.LastError)
+		if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 			return st, fmt.Errorf("outbox: status %s: last error: %w", st.Table, err)
 		}
 	}
 	var last *time.Time
-	if err := pool.QueryRow(ctx, q.statusDone).Scan(&st.Published, &last); err != nil {
+	if err := tx.QueryRow(ctx, q.statusDone).Scan(&st.Published, &last); err != nil {
 		return st, fmt.Errorf("outbox: status %s: published: %w", st.Table, err)
 	}
 	if last != nil {
 		st.LastPublishedAt = *last
 	}
-	if err := pool.QueryRow(ctx, sqlLiveRelays, rt.oid, uint32(presenceLane)).Scan(&st.Relays); err != nil {
+	if err := tx.QueryRow(ctx, sqlLiveRelays, rt.oid, uint32(presenceLane)).Scan(&st.Relays); err != nil {
 		return st, fmt.Errorf("outbox: status %s: relays: %w", st.Table, err)
 	}
 	return st, nil
