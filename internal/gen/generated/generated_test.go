@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	events "github.com/protoevents/protoevents/runtime"
 	"github.com/protoevents/protoevents/runtime/consumer"
@@ -152,11 +153,24 @@ func TestProducerRefusesNil(t *testing.T) {
 }
 
 func TestConsumerBindsHandler(t *testing.T) {
-	if _, err := ordersv1.NewOrderPlacedConsumer(consumer.Config{Name: "test"}, nil); err == nil {
-		t.Error("nil handler accepted")
+	// pgxpool.New does not connect, so no server is needed to build one.
+	pool, err := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/unused")
+	if err != nil {
+		t.Fatal(err)
 	}
-	c, err := ordersv1.NewOrderPlacedConsumer(consumer.Config{Name: "test"}, func(context.Context, pgx.Tx, events.Meta, *ordersv1.OrderPlaced) error { return nil })
+	defer pool.Close()
+	cfg := consumer.Config{Name: "test", Brokers: []string{"127.0.0.1:1"}, DB: pool}
+	if _, err := ordersv1.NewOrderPlacedConsumer(cfg, nil); err == nil || !strings.Contains(err.Error(), "nil handler") {
+		t.Errorf("nil handler: %v", err)
+	}
+	if _, err := ordersv1.NewOrderPlacedConsumer(consumer.Config{Name: "test"}, func(context.Context, pgx.Tx, events.Meta, *ordersv1.OrderPlaced) error { return nil }); err == nil {
+		t.Error("a consumer without brokers and DB was accepted")
+	}
+	c, err := ordersv1.NewOrderPlacedConsumer(cfg, func(context.Context, pgx.Tx, events.Meta, *ordersv1.OrderPlaced) error { return nil })
 	if err != nil || c == nil {
 		t.Fatalf("NewOrderPlacedConsumer: %v, %v", c, err)
+	}
+	if got := c.DLQTopic(); got != ordersv1.OrderPlacedDLQTopic {
+		t.Errorf("consumer DLQ topic %q, want the descriptor's %q", got, ordersv1.OrderPlacedDLQTopic)
 	}
 }
