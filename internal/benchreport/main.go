@@ -4,9 +4,10 @@
 //
 //	go run ./internal/benchreport [-count 5] [-benchtime 1x] [-raw bench.txt]
 //
-// Each ratio pairs two Go benchmarks that the same `go test -bench`
-// invocation runs back to back; the report gives the median over -count
-// rounds, the spread, and whether the target holds. It exits non-zero when
+// Each ratio pairs two Go benchmarks that the same test binary runs back to
+// back; the rounds are interleaved across packages, and the report gives the
+// median of the per-round ratios, their spread, and whether the target
+// holds. It exits non-zero when
 // a benchmark is missing; a missed target is reported, not fatal, since
 // one noisy run must not break a build.
 package main
@@ -19,6 +20,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"sort"
 	"strconv"
@@ -60,34 +62,61 @@ func main() {
 			os.Exit(2)
 		}
 		out.Write(b)
-	} else {
-		pkgs := map[string][]string{}
-		var order []string
-		for _, r := range ratios {
-			if _, ok := pkgs[r.Pkg]; !ok {
-				order = append(order, r.Pkg)
-			}
-			pkgs[r.Pkg] = append(pkgs[r.Pkg], r.Num, r.Den)
-		}
-		for _, pkg := range order {
-			args := []string{"test", "-run", "^$", "-bench", benchRegexp(pkgs[pkg]), "-count", strconv.Itoa(*count), pkg}
-			if *benchtime != "" {
-				args = append(args, "-benchtime", *benchtime)
-			}
-			fmt.Fprintf(os.Stderr, "benchreport: go %s\n", strings.Join(args, " "))
-			cmd := exec.Command("go", args...)
-			cmd.Stdout = io.MultiWriter(&out, os.Stderr)
-			cmd.Stderr = os.Stderr
-			if err := cmd.Run(); err != nil {
-				fmt.Fprintln(os.Stderr, "benchreport: go test:", err)
-				os.Exit(2)
-			}
-		}
+	} else if err := runRounds(&out, *count, *benchtime); err != nil {
+		fmt.Fprintln(os.Stderr, "benchreport:", err)
+		os.Exit(2)
 	}
 	results := parse(&out)
 	if !report(os.Stdout, results) {
 		os.Exit(1)
 	}
+}
+
+// runRounds builds each package's test binary once, then runs the rounds
+// interleaved: round 1 of every package, then round 2, and so on, each
+// round running a ratio's two benchmarks back to back, so a slow spell of
+// the machine hits both sides of a ratio alike.
+func runRounds(out io.Writer, count int, benchtime string) error {
+	pkgs := map[string][]string{}
+	var order []string
+	for _, r := range ratios {
+		if _, ok := pkgs[r.Pkg]; !ok {
+			order = append(order, r.Pkg)
+		}
+		pkgs[r.Pkg] = append(pkgs[r.Pkg], r.Num, r.Den)
+	}
+	dir, err := os.MkdirTemp("", "benchreport-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	bins := map[string]string{}
+	for i, pkg := range order {
+		bin := filepath.Join(dir, fmt.Sprintf("pkg%d.test", i))
+		build := exec.Command("go", "test", "-c", "-o", bin, pkg)
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			return fmt.Errorf("build %s: %w", pkg, err)
+		}
+		bins[pkg] = bin
+	}
+	for round := 1; round <= count; round++ {
+		for _, pkg := range order {
+			args := []string{"-test.run", "^$", "-test.bench", benchRegexp(pkgs[pkg]), "-test.count", "1"}
+			if benchtime != "" {
+				args = append(args, "-test.benchtime", benchtime)
+			}
+			fmt.Fprintf(os.Stderr, "benchreport: round %d/%d: %s %s\n", round, count, pkg, strings.Join(args, " "))
+			cmd := exec.Command(bins[pkg], args...)
+			cmd.Dir = pkg // tests run in their package's directory
+			cmd.Stdout = io.MultiWriter(out, os.Stderr)
+			cmd.Stderr = os.Stderr
+			if err := cmd.Run(); err != nil {
+				return fmt.Errorf("%s round %d: %w", pkg, round, err)
+			}
+		}
+	}
+	return nil
 }
 
 // benchRegexp matches exactly the named benchmarks (go test splits -bench

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // Defaults of the optional settings.
@@ -44,6 +46,7 @@ type settings struct {
 	pruneBatch     int
 	maxErrorBytes  int
 	dialer         *kafka.Dialer
+	tracer         trace.Tracer
 
 	// Test seams, unexported on purpose.
 	afterDBCommit func(kafka.Message) error // a non-nil error aborts Run before the offset is marked
@@ -66,6 +69,24 @@ func defaultSettings() settings {
 		maxErrorBytes:  DefaultMaxErrorBytes,
 		maxWait:        250 * time.Millisecond,
 		dialer:         kafka.DefaultDialer,
+		tracer:         otel.GetTracerProvider().Tracer(tracerName),
+	}
+}
+
+// tracerName names the consumer's OpenTelemetry instrumentation scope.
+const tracerName = "github.com/protoevents/protoevents/runtime/consumer"
+
+// WithTracerProvider sets where the consumer's spans go (one consumer span
+// per handled event, child of the producer's span when the envelope carries
+// a traceparent); default the global OpenTelemetry provider, a no-op until
+// the program installs one.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(c *Consumer) {
+		if tp == nil {
+			c.s.fail("WithTracerProvider: nil provider")
+			return
+		}
+		c.s.tracer = tp.Tracer(tracerName)
 	}
 }
 

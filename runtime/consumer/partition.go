@@ -7,11 +7,15 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"runtime/debug"
+	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/segmentio/kafka-go"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	events "github.com/protoevents/protoevents/runtime"
 	"github.com/protoevents/protoevents/runtime/envelope"
@@ -285,13 +289,39 @@ func (c *Consumer) attempt(ctx context.Context, env *envelope.Envelope, d events
 		}
 	}
 	meta := events.Meta{Metadata: env.Metadata, Delivery: d}
-	if err := c.callHandler(ctx, tx, meta, ev); err != nil {
+	if err := c.traceHandler(ctx, tx, meta, ev); err != nil {
 		return false, err
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return false, fmt.Errorf("consumer: commit: %w", err)
 	}
 	return false, nil
+}
+
+// traceHandler runs the handler in a consumer span whose parent is the
+// producer's span (the envelope's traceparent), so a trace follows an event
+// from the business transaction that wrote it to every handler.
+func (c *Consumer) traceHandler(ctx context.Context, tx pgx.Tx, meta events.Meta, ev events.Event) error {
+	ctx = events.ContextWithTraceParent(ctx, meta.TraceParent)
+	ctx, span := c.s.tracer.Start(ctx, meta.Topic+" process", trace.WithSpanKind(trace.SpanKindConsumer),
+		trace.WithAttributes(
+			attribute.String("messaging.system", "kafka"),
+			attribute.String("messaging.operation.type", "process"),
+			attribute.String("messaging.destination.name", meta.Topic),
+			attribute.String("messaging.destination.partition.id", strconv.Itoa(meta.Partition)),
+			attribute.Int64("messaging.kafka.offset", meta.Offset),
+			attribute.String("messaging.consumer.group.name", c.cfg.GroupID),
+			attribute.String("messaging.message.id", meta.EventID.String()),
+			attribute.String("protoevents.event_type", meta.Type),
+			attribute.Int("protoevents.attempt", meta.Attempt),
+		))
+	defer span.End()
+	err := c.callHandler(ctx, tx, meta, ev)
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	return err
 }
 
 // callHandler runs the handler, turning a panic into a *PanicError.

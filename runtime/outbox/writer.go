@@ -88,7 +88,7 @@ func (w *Writer) encode(ev events.Event, po events.PublishOptions) (row, error) 
 
 // Write inserts one event into the outbox within tx and returns its ID.
 func (w *Writer) Write(ctx context.Context, tx pgx.Tx, ev events.Event, opts ...events.PublishOption) (events.EventID, error) {
-	r, err := w.encode(ev, events.ApplyPublishOptions(opts))
+	r, err := w.encode(ev, publishOptions(ctx, opts))
 	if err != nil {
 		return events.EventID{}, err
 	}
@@ -106,7 +106,7 @@ func (w *Writer) WriteBatch(ctx context.Context, tx pgx.Tx, evs []events.Event, 
 	if len(evs) == 0 {
 		return nil, nil
 	}
-	po := events.ApplyPublishOptions(opts)
+	po := publishOptions(ctx, opts)
 	if po.EventID != (events.EventID{}) && len(evs) > 1 {
 		return nil, fmt.Errorf("outbox: write batch: a fixed event ID cannot be shared by %d events", len(evs))
 	}
@@ -127,6 +127,16 @@ func (w *Writer) WriteBatch(ctx context.Context, tx pgx.Tx, evs []events.Event, 
 		return nil, fmt.Errorf("outbox: insert %d events into %s: %w", len(evs), w.table, err)
 	}
 	return ids, nil
+}
+
+// publishOptions applies opts and, unless they set a trace parent, takes
+// the one of the span in ctx, so consumers join the producer's trace.
+func publishOptions(ctx context.Context, opts []events.PublishOption) events.PublishOptions {
+	po := events.ApplyPublishOptions(opts)
+	if po.TraceParent == "" {
+		po.TraceParent = events.TraceParentFromContext(ctx)
+	}
+	return po
 }
 
 // encodeHeaders stores Kafka headers as a JSON array of [key, value] pairs:

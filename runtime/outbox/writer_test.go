@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/protoevents/protoevents/internal/testenv"
 	events "github.com/protoevents/protoevents/runtime"
@@ -202,5 +203,75 @@ func TestWriterNotifiesOnCommitOnly(t *testing.T) {
 	write(true)
 	if !wait(5 * time.Second) {
 		t.Fatal("a committed insert did not notify")
+	}
+}
+
+// TestWriterCarriesTraceContext checks that the span in the producer's
+// context reaches the envelope's traceparent (header and body), unless the
+// publish options set one, for Write and WriteBatch alike.
+func TestWriterCarriesTraceContext(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testenv.DB(t)
+	if err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWriter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := descriptorFor("traced")
+	tid, _ := trace.TraceIDFromHex("4bf92f3577b34da6a3ce929d0e0e4736")
+	sid, _ := trace.SpanIDFromHex("00f067aa0ba902b7")
+	spanCtx := trace.ContextWithSpanContext(ctx, trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: sid, TraceFlags: trace.FlagsSampled}))
+	const fromCtx = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	const explicit = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := w.Write(spanCtx, tx, newEvent(d, "a", 0)); err != nil {
+			return err
+		}
+		if _, err := w.WriteBatch(spanCtx, tx, []events.Event{newEvent(d, "a", 1)}); err != nil {
+			return err
+		}
+		if _, err := w.Write(spanCtx, tx, newEvent(d, "a", 2), events.WithTraceParent(explicit)); err != nil {
+			return err
+		}
+		_, err := w.Write(ctx, tx, newEvent(d, "a", 3))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := pool.Query(ctx, `SELECT value, headers FROM outbox ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for rows.Next() {
+		var value []byte
+		var headers string
+		if err := rows.Scan(&value, &headers); err != nil {
+			t.Fatal(err)
+		}
+		hs, err := decodeHeaders(headers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		env, err := envelope.Decode(kafka.Message{Value: value, Headers: hs})
+		if err != nil {
+			t.Fatal(err)
+		}
+		h, _ := envelope.Header(kafka.Message{Headers: hs}, envelope.HeaderTraceParent)
+		if h != env.TraceParent {
+			t.Errorf("traceparent header %q differs from the envelope's %q", h, env.TraceParent)
+		}
+		got = append(got, env.TraceParent)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{fromCtx, fromCtx, explicit, ""}
+	if strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("trace parents %q, want %q", got, want)
 	}
 }
