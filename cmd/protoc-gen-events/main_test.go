@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"strings"
 	"testing"
 
@@ -160,4 +161,44 @@ func names(resp *pluginpb.CodeGeneratorResponse) []string {
 		out = append(out, f.GetName())
 	}
 	return out
+}
+
+// TestLockParameter drives the compat check through the plugin as buf does:
+// the first run writes events.lock, an unchanged run writes nothing, and a
+// breaking change fails the run with the finding and generates nothing.
+func TestLockParameter(t *testing.T) {
+	t.Chdir(t.TempDir())
+	good := &eventsv1.EventOptions{Topic: "shop.order-placed.v1", Key: "order_id", Version: 1}
+	resp, code, stderr := plug(t, request(good, "lock=events.lock"))
+	if code != 0 || stderr != "" || resp.GetError() != "" {
+		t.Fatalf("first run: exit %d, stderr %q, error %q", code, stderr, resp.GetError())
+	}
+	var lock string
+	for _, f := range resp.File {
+		if f.GetName() == "events.lock" {
+			lock = f.GetContent()
+		}
+	}
+	if !strings.Contains(lock, `"topic": "shop.order-placed.v1"`) {
+		t.Fatalf("first run wrote no lock with the event (files %v):\n%s", names(resp), lock)
+	}
+	if err := os.WriteFile("events.lock", []byte(lock), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	resp, _, _ = plug(t, request(good, "lock=events.lock"))
+	if resp.GetError() != "" || len(resp.File) != 1 {
+		t.Fatalf("unchanged run: error %q, files %v; want only the .events.go", resp.GetError(), names(resp))
+	}
+	moved := &eventsv1.EventOptions{Topic: "shop.order-placed", Key: "order_id", Version: 1}
+	resp, code, _ = plug(t, request(moved, "lock=events.lock"))
+	if code != 0 || !strings.Contains(resp.GetError(), "EVENT_TOPIC_CHANGED") || len(resp.File) != 0 {
+		t.Fatalf("breaking run: exit %d, error %q, files %v; want EVENT_TOPIC_CHANGED and no files", code, resp.GetError(), names(resp))
+	}
+}
+
+func TestCompatSubcommand(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	if code := run([]string{"compat"}, strings.NewReader(""), &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "--against") {
+		t.Errorf("compat without --against: exit %d, stderr %q; want 2 and its usage", code, stderr.String())
+	}
 }
