@@ -214,20 +214,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		err := crashing.Run(runCtx)
-		if err == nil || runCtx.Err() != nil {
-			return
-		}
-		rep.RelayCrashes++
-		fmt.Fprintf(cfg.Progress, "  ! relay crashed (%v); restarting it\n", err)
-		restarted, err := outbox.NewRelay(cfg.DB, cfg.Brokers, outbox.WithBatchSize(50), outbox.WithLogger(cfg.Log), outbox.WithMetrics(relayMetrics))
-		if err != nil {
-			errc <- err
-			return
-		}
-		if err := restarted.Run(runCtx); err != nil && runCtx.Err() == nil {
-			errc <- fmt.Errorf("relay: %w", err)
-		}
+		superviseOnce(runCtx, cfg.Progress, "relay", &rep.RelayCrashes, crashing, func() (runner, error) {
+			return outbox.NewRelay(cfg.DB, cfg.Brokers, outbox.WithBatchSize(50), outbox.WithLogger(cfg.Log), outbox.WithMetrics(relayMetrics))
+		}, errc)
 	}()
 
 	// The shipping consumer: the first instance crashes after committing
@@ -251,20 +240,9 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		err := first.Run(runCtx)
-		if err == nil || runCtx.Err() != nil {
-			return
-		}
-		rep.ConsumerCrashes++
-		fmt.Fprintf(cfg.Progress, "  ! consumer crashed (%v); restarting it\n", err)
-		second, err := shipSvc.NewConsumer(ccfg, copts...)
-		if err != nil {
-			errc <- err
-			return
-		}
-		if err := second.Run(runCtx); err != nil && runCtx.Err() == nil {
-			errc <- fmt.Errorf("consumer: %w", err)
-		}
+		superviseOnce(runCtx, cfg.Progress, "consumer", &rep.ConsumerCrashes, first, func() (runner, error) {
+			return shipSvc.NewConsumer(ccfg, copts...)
+		}, errc)
 	}()
 
 	// The revenue consumer has migrated to OrderPlaced v2 already.
@@ -356,6 +334,28 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Violations = append(rep.Violations, Check(ctx, cfg.DB, rep)...)
 	rep.Elapsed = time.Since(start)
 	return rep, nil
+}
+
+// runner is what the demo supervises: a relay or a consumer.
+type runner interface{ Run(context.Context) error }
+
+// superviseOnce runs first until ctx ends. If it crashes before, it counts
+// the crash in crashes, says so on progress, and runs the replacement from
+// next until ctx ends; a failure of the replacement goes to errc.
+func superviseOnce(ctx context.Context, progress io.Writer, what string, crashes *int, first runner, next func() (runner, error), errc chan<- error) {
+	err := first.Run(ctx)
+	if err == nil || ctx.Err() != nil {
+		return
+	}
+	*crashes++
+	fmt.Fprintf(progress, "  ! %s crashed (%v); restarting it\n", what, err)
+	r, err := next()
+	if err == nil {
+		err = r.Run(ctx)
+	}
+	if err != nil && ctx.Err() == nil {
+		errc <- fmt.Errorf("%s: %w", what, err)
+	}
 }
 
 // effects counts the shipping handler's side effects.

@@ -204,7 +204,7 @@ func TestPoisonAmongThousand(t *testing.T) {
 	}
 	b.produce(t, msgs...)
 	h := b.handler("poison", func(ev testEvent, _ events.Meta) error {
-		if ev.n() == poison {
+		if ev.Seq() == poison {
 			return errors.New("poison")
 		}
 		return nil
@@ -298,7 +298,7 @@ func TestRedrive(t *testing.T) {
 	broken.Store(true)
 	var dups counter
 	h := b.handler("redrive", func(ev testEvent, _ events.Meta) error {
-		if ev.n() == 1 && broken.Load() {
+		if ev.Seq() == 1 && broken.Load() {
 			return errors.New("bug in the handler")
 		}
 		return nil

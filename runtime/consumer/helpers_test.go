@@ -15,7 +15,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/protoevents/protoevents/internal/kafkacluster"
 	"github.com/protoevents/protoevents/internal/testenv"
@@ -25,23 +24,11 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// testEvent is a hand-written event over a well-known message type; the
-// payload is {"k": key, "n": sequence number, ...}.
-type testEvent struct {
-	*structpb.Struct
-	d *events.Descriptor
-}
+// testEvent is the runtime tests' hand-written event; seq numbers a key's
+// events.
+type testEvent = testenv.Event
 
-func (e testEvent) EventKey() []byte                    { return []byte(e.Fields["k"].GetStringValue()) }
-func (e testEvent) EventDescriptor() *events.Descriptor { return e.d }
-
-func (e testEvent) n() int { return int(e.Fields["n"].GetNumberValue()) }
-
-func descriptorFor(topic string) *events.Descriptor {
-	d := &events.Descriptor{Type: "google.protobuf.Struct", Topic: topic, DLQTopic: topic + ".dlq", Version: 1, Producer: "test"}
-	d.New = func() events.Event { return testEvent{Struct: &structpb.Struct{}, d: d} }
-	return d
-}
+func descriptorFor(topic string) *events.Descriptor { return testenv.Descriptor(topic) }
 
 // bundle is one test's world: a schema with the dedup and effects tables,
 // a Kafka cluster, and a topic with its DLQ.
@@ -79,11 +66,7 @@ func setup(t testing.TB, partitions int) *bundle {
 // event returns a test event with key k and number n.
 func (b *bundle) event(t testing.TB, k string, n int) testEvent {
 	t.Helper()
-	s, err := structpb.NewStruct(map[string]any{"k": k, "n": n})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return testEvent{Struct: s, d: b.d}
+	return testenv.NewEvent(b.d, k, n)
 }
 
 // message encodes ev as the Kafka message the relay would produce.
@@ -126,7 +109,7 @@ func (b *bundle) handler(name string, fail func(ev testEvent, meta events.Meta) 
 			}
 		}
 		_, err := tx.Exec(ctx, `INSERT INTO effects (consumer, event_id, k, n, part, off) VALUES ($1, $2, $3, $4, $5, $6)`,
-			name, meta.EventID.String(), string(ev.EventKey()), ev.n(), meta.Partition, meta.Offset)
+			name, meta.EventID.String(), string(ev.EventKey()), ev.Seq(), meta.Partition, meta.Offset)
 		return err
 	})
 }

@@ -46,7 +46,7 @@ func TestRetryBlocksOnlyItsPartition(t *testing.T) {
 	b.produce(t, msgs...)
 	var dead atomic.Int64
 	h := b.handler("block", func(ev testEvent, _ events.Meta) error {
-		if ev.n() == 0 {
+		if ev.Seq() == 0 {
 			return errors.New("failing, the partition must wait")
 		}
 		return nil

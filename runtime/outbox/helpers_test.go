@@ -24,28 +24,13 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
-// testEvent is a hand-written event over a well-known message type; its
-// descriptor (and so its topic) is chosen per test.
-type testEvent struct {
-	*structpb.Struct
-	d *events.Descriptor
-}
+// testEvent is the runtime tests' hand-written event; seq numbers a key's
+// events.
+type testEvent = testenv.Event
 
-func (e testEvent) EventKey() []byte                    { return []byte(e.Fields["key"].GetStringValue()) }
-func (e testEvent) EventDescriptor() *events.Descriptor { return e.d }
+func descriptorFor(topic string) *events.Descriptor { return testenv.Descriptor(topic) }
 
-func descriptorFor(topic string) *events.Descriptor {
-	return &events.Descriptor{Type: "google.protobuf.Struct", Topic: topic, DLQTopic: topic + ".dlq", Version: 1, Producer: "outbox-test"}
-}
-
-// newEvent returns an event with a key and the key's sequence number.
-func newEvent(d *events.Descriptor, key string, seq int) testEvent {
-	s, err := structpb.NewStruct(map[string]any{"key": key, "seq": seq})
-	if err != nil {
-		panic(err) // constant shapes; cannot happen
-	}
-	return testEvent{Struct: s, d: d}
-}
+func newEvent(d *events.Descriptor, key string, seq int) testEvent { return testenv.NewEvent(d, key, seq) }
 
 // sequence builds n events over keys, numbering each key's events from 0 in
 // order, and returns them with the count per key.
