@@ -9,8 +9,9 @@ BUF_VERSION := v1.75.0
 BUF         := $(BIN)/buf
 export PATH := $(BIN):$(PATH)
 
-# Packages whose tests also run under the race detector.
-RACE_PKGS   := ./runtime/... ./internal/testenv/...
+# Packages whose tests also run under the race detector: the runtime and
+# everything that runs it end to end.
+RACE_PKGS   := ./runtime/... ./internal/testenv/... ./examples/... ./cmd/eventsctl/...
 
 .PHONY: all build generate check-generated test test-race lint demo bench tools clean
 
