@@ -49,6 +49,7 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		{[]string{"dlq", "redrive", "--brokers", "b:9092", "--topic", "t.dlq"}, 2, "choose exactly one of --offset, --event-id or --all"},
 		{[]string{"dlq", "redrive", "--brokers", "b:9092", "--topic", "t.dlq", "--offset", "x"}, 2, `offset "x" is not a non-negative integer`},
 		{[]string{"outbox"}, 2, `want "eventsctl outbox status"`},
+		{[]string{"topics", "create", "--brokers", "b:9092"}, 2, "--topic is required"},
 		{[]string{"migrate", "--bogus"}, 2, "flag provided but not defined: -bogus"},
 		{[]string{"migrate", "--database-url", "postgres://x", "--only", "both"}, 2, "--only must be outbox or consumer"},
 		{[]string{"compat"}, 2, ""},
@@ -70,6 +71,9 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		}
 		if c.name == "dlq" {
 			args = []string{"dlq", "redrive", "-h"}
+		}
+		if c.name == "topics" {
+			args = []string{"topics", "create", "-h"}
 		}
 		code, _, errOut := cli(t, nil, args...)
 		if code != 0 || !strings.Contains(strings.ToLower(errOut), "usage:") {
@@ -98,11 +102,22 @@ func dbURL(t *testing.T, schema string) string {
 func TestDemoPoisonRedrive(t *testing.T) {
 	ctx := context.Background()
 	pool, schema := testenv.DB(t)
-	k := testenv.Kafka(t)
+	// The example's topics and consumer groups are fixed by its schemas, so
+	// runs would see each other's messages on a shared cluster: always
+	// in-process Kafka here, whatever PROTOEVENTS_KAFKA_BROKERS says.
+	k := testenv.FakeKafka(t)
 	env := map[string]string{"PROTOEVENTS_DATABASE_URL": dbURL(t, schema), "PROTOEVENTS_KAFKA_BROKERS": strings.Join(k.Brokers, ",")}
 
 	if code, out, errOut := cli(t, env, "migrate"); code != 0 || !strings.Contains(out, "outbox table outbox: ready") {
 		t.Fatalf("migrate: exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut := cli(t, env, "topics", "create", "--topic", ordersv1.OrderPlacedTopic, "--partitions", "3")
+	if code != 0 || !strings.Contains(out, ordersv1.OrderPlacedDLQTopic+": created (3 partitions)") {
+		t.Fatalf("topics create: exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = cli(t, env, "topics", "create", "--topic", ordersv1.OrderPlacedTopic)
+	if code != 0 || strings.Count(out, "exists, unchanged") != 2 {
+		t.Fatalf("topics create again: exit %d\n%s%s", code, out, errOut)
 	}
 	if err := demo.Setup(ctx, pool, k.Brokers); err != nil {
 		t.Fatal(err)
@@ -119,7 +134,7 @@ func TestDemoPoisonRedrive(t *testing.T) {
 		t.Fatalf("demo invariants: %v", rep.Violations)
 	}
 
-	code, out, errOut := cli(t, env, "dlq", "list", "--topic", ordersv1.OrderPlacedDLQTopic)
+	code, out, errOut = cli(t, env, "dlq", "list", "--topic", ordersv1.OrderPlacedDLQTopic)
 	if code != 0 || strings.Count(out, "\n") != 1+len(rep.DLQEntries) || !strings.Contains(out, rep.DLQEntries[0].EventID) ||
 		!strings.Contains(out, `no carrier serves country "ZZ"`) || !strings.Contains(out, ordersv1.OrderPlacedTopic+"/") {
 		t.Fatalf("dlq list: exit %d\n%s%s", code, out, errOut)

@@ -37,6 +37,7 @@ type command struct {
 var commands = []command{
 	{"migrate", "create or upgrade the outbox and dedup tables (idempotent)", runMigrate},
 	{"relay", "run the outbox relay: publish committed events to Kafka", runRelay},
+	{"topics", "create event topics and their DLQ topics", runTopics},
 	{"outbox", "outbox status: pending rows, oldest pending age, failures", runOutbox},
 	{"dlq", "dead-letter queues: list, show and redrive messages", runDLQ},
 	{"prune", "delete dedup rows older than the retention", runPrune},

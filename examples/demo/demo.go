@@ -27,10 +27,10 @@ import (
 	shippingv1 "github.com/protoevents/protoevents/examples/gen/shop/shipping/v1"
 	"github.com/protoevents/protoevents/examples/orders"
 	"github.com/protoevents/protoevents/examples/shipping"
-	"github.com/protoevents/protoevents/internal/kafkacluster"
 	events "github.com/protoevents/protoevents/runtime"
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/outbox"
+	"github.com/protoevents/protoevents/runtime/topics"
 )
 
 // Config says how big the run is and where it runs.
@@ -154,11 +154,11 @@ func Setup(ctx context.Context, pool *pgxpool.Pool, brokers []string) error {
 	if _, err := pool.Exec(ctx, revenueSchema); err != nil {
 		return fmt.Errorf("demo: migrate revenue: %w", err)
 	}
-	var topics []string
-	for _, d := range []*events.Descriptor{ordersv1.OrderPlacedEvent, ordersv1.OrderCancelledEvent, ordersv2.OrderPlacedEvent, shippingv1.ShipmentCreatedEvent} {
-		topics = append(topics, d.Topic, d.DLQTopic)
-	}
-	return kafkacluster.CreateTopics(ctx, brokers, 3, topics...)
+	// Every event of the example's schemas, from the generated per-file
+	// registries: its topic and its DLQ.
+	all := append(append(append([]*events.Descriptor{}, ordersv1.OrdersEvents...), ordersv2.OrdersEvents...), shippingv1.ShippingEvents...)
+	_, err := topics.Ensure(ctx, brokers, topics.Config{Partitions: 3}, all...)
+	return err
 }
 
 // Run executes the demo on a set-up database and cluster.

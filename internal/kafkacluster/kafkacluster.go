@@ -5,7 +5,6 @@ package kafkacluster
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -14,6 +13,8 @@ import (
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
+
+	"github.com/protoevents/protoevents/runtime/topics"
 )
 
 // EnvBrokers names the environment variable holding a comma-separated
@@ -70,20 +71,9 @@ func (c *Cluster) CreateTopics(ctx context.Context, partitions int, topics ...st
 
 // CreateTopics creates topics on the cluster reached through brokers;
 // topics that already exist are left as they are.
-func CreateTopics(ctx context.Context, brokers []string, partitions int, topics ...string) error {
-	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
-	req := &kafka.CreateTopicsRequest{}
-	for _, t := range topics {
-		req.Topics = append(req.Topics, kafka.TopicConfig{Topic: t, NumPartitions: partitions, ReplicationFactor: 1})
-	}
-	resp, err := cl.CreateTopics(ctx, req)
-	if err != nil {
-		return fmt.Errorf("kafkacluster: create topics %v: %w", topics, err)
-	}
-	for t, terr := range resp.Errors {
-		if terr != nil && !errors.Is(terr, kafka.TopicAlreadyExists) {
-			return fmt.Errorf("kafkacluster: create topic %s: %w", t, terr)
-		}
+func CreateTopics(ctx context.Context, brokers []string, partitions int, names ...string) error {
+	if _, err := topics.Create(ctx, brokers, topics.Config{Partitions: partitions}, names...); err != nil {
+		return fmt.Errorf("kafkacluster: %w", err)
 	}
 	return nil
 }

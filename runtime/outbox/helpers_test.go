@@ -30,7 +30,9 @@ type testEvent = testenv.Event
 
 func descriptorFor(topic string) *events.Descriptor { return testenv.Descriptor(topic) }
 
-func newEvent(d *events.Descriptor, key string, seq int) testEvent { return testenv.NewEvent(d, key, seq) }
+func newEvent(d *events.Descriptor, key string, seq int) testEvent {
+	return testenv.NewEvent(d, key, seq)
+}
 
 // sequence builds n events over keys, numbering each key's events from 0 in
 // order, and returns them with the count per key.
