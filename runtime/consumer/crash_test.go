@@ -16,6 +16,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/protoevents/protoevents/internal/kafkacluster"
 	"github.com/protoevents/protoevents/internal/testenv"
@@ -90,10 +91,9 @@ func TestCrashKill(t *testing.T) {
 		t.Skip("kills child processes; skipped with -short")
 	}
 	t.Parallel()
-	b := setup(t, 3)
-	if b.kafka.Fake == nil {
-		t.Skip("needs the in-process cluster's short session timeouts")
-	}
+	// In-process Kafka even when a real cluster is configured: the children
+	// rely on its short group session timeouts to take over quickly.
+	b := setupOn(t, 3, testenv.FakeKafka(t, kfake.GroupMinSessionTimeout(100*time.Millisecond)))
 	const n = 5000
 	msgs := make([]kafka.Message, n)
 	for i := range msgs {

@@ -43,8 +43,13 @@ type bundle struct {
 
 func setup(t testing.TB, partitions int) *bundle {
 	t.Helper()
+	return setupOn(t, partitions, testenv.Kafka(t, kfake.GroupMinSessionTimeout(100*time.Millisecond)))
+}
+
+// setupOn is setup on a given cluster.
+func setupOn(t testing.TB, partitions int, kc *kafkacluster.Cluster) *bundle {
+	t.Helper()
 	pool, schema := testenv.DB(t)
-	kc := testenv.Kafka(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	b := &bundle{pool: pool, schema: schema, kafka: kc, topic: testenv.Topic(t, "consumer")}
 	b.d = descriptorFor(b.topic)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
