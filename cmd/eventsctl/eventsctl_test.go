@@ -3,10 +3,17 @@ package main
 import (
 	"bytes"
 	"context"
+	"io"
+	"net"
+	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/protoevents/protoevents/examples/demo"
 	ordersv1 "github.com/protoevents/protoevents/examples/gen/shop/orders/v1"
@@ -169,3 +176,102 @@ func TestDemoPoisonRedrive(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// TestRelayProcess runs `eventsctl relay` as an operator would: it publishes
+// the committed outbox rows, serves Prometheus metrics and a health check,
+// and stops cleanly on cancellation (SIGTERM in the real process).
+func TestRelayProcess(t *testing.T) {
+	pool, schema := testenv.DB(t)
+	k := testenv.FakeKafka(t)
+	env := map[string]string{"PROTOEVENTS_DATABASE_URL": dbURL(t, schema), "PROTOEVENTS_KAFKA_BROKERS": strings.Join(k.Brokers, ",")}
+	if code, out, errOut := cli(t, env, "migrate"); code != 0 {
+		t.Fatalf("migrate: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := cli(t, env, "topics", "create", "--topic", ordersv1.OrderPlacedTopic, "--partitions", "3"); code != 0 {
+		t.Fatalf("topics create: exit %d\n%s%s", code, out, errOut)
+	}
+	ctx := context.Background()
+	w, err := outbox.NewWriter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := ordersv1.NewOrderPlacedProducer(w)
+	const n = 40
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		for i := 0; i < n; i++ {
+			if _, err := p.Publish(ctx, tx, &ordersv1.OrderPlaced{OrderId: "o-" + strconv.Itoa(i%7)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	runCtx, stop := context.WithCancel(ctx)
+	var out, errOut bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		e := &cliEnv{stdout: &out, stderr: &errOut, getenv: func(k string) string { return env[k] }}
+		done <- run(runCtx, e, []string{"relay", "--metrics-addr", addr, "--poll", "100ms"})
+	}()
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, metrics := get("/metrics")
+		if strings.Contains(metrics, "protoevents_relay_published_total "+strconv.Itoa(n)) {
+			break
+		}
+		if time.Now().After(deadline) {
+			stop()
+			t.Fatalf("relay did not publish %d rows in time; metrics:\n%s\nstderr:\n%s", n, metrics, errOut.String())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if code, body := get("/healthz"); code != http.StatusOK || strings.TrimSpace(body) != "ok" {
+		t.Errorf("/healthz: %d %q", code, body)
+	}
+	if code, out, _ := cli(t, env, "outbox", "status", "--json"); code != 0 || !strings.Contains(out, `"Pending": 0`) {
+		t.Errorf("outbox status after the relay: exit %d\n%s", code, out)
+	}
+	stop()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("relay exit %d\n%s", code, errOut.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("relay did not stop after cancellation")
+	}
+	got := 0
+	for part := 0; part < 3; part++ {
+		conn, err := kafka.DialLeader(ctx, "tcp", k.Brokers[0], ordersv1.OrderPlacedTopic, part)
+		if err != nil {
+			t.Fatal(err)
+		}
+		last, err := conn.ReadLastOffset()
+		conn.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += int(last)
+	}
+	if got != n {
+		t.Fatalf("%d messages on %s, want %d", got, ordersv1.OrderPlacedTopic, n)
+	}
+}
