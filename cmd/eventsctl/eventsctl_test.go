@@ -154,6 +154,14 @@ func TestDemoPoisonRedrive(t *testing.T) {
 	if code, out, errOut := cli(t, env, "outbox", "status"); code != 0 || !strings.Contains(out, "pending") {
 		t.Fatalf("outbox status: exit %d\n%s%s", code, out, errOut)
 	}
+	// Pruning below the retention floor is refused; above it, the fresh
+	// dedup rows are kept.
+	if code, _, errOut := cli(t, env, "prune", "--older-than", "1h"); code != 1 || !strings.Contains(errOut, "floor") {
+		t.Fatalf("prune below the floor: exit %d, stderr %q", code, errOut)
+	}
+	if code, out, errOut := cli(t, env, "prune", "--older-than", "1h", "--retention-floor", "1m"); code != 0 || !strings.Contains(out, "pruned 0 dedup rows") {
+		t.Fatalf("prune: exit %d\n%s%s", code, out, errOut)
+	}
 
 	w, err := outbox.NewWriter()
 	if err != nil {
