@@ -20,6 +20,9 @@ SELECT pg_advisory_xact_lock(hashtextextended('protoevents.consumer.migrate:' ||
 {{- define "consumer_dedup"}}
 INSERT INTO {{.Table}} (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING
 {{- end}}
+{{- define "consumer_applied"}}
+SELECT EXISTS (SELECT 1 FROM {{.Table}} WHERE consumer = $1 AND event_id = $2)
+{{- end}}
 {{- define "consumer_prune"}}
 DELETE FROM {{.Table}} WHERE ctid IN (
     SELECT ctid FROM {{.Table}} WHERE consumed_at < now() - $1::interval LIMIT $2

@@ -215,6 +215,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 		Balancer:     &kafka.Hash{},
 		RequiredAcks: kafka.RequireAll,
 		BatchTimeout: 5 * time.Millisecond,
+		// No client-side cap below the broker's: the dead-letter copy is
+		// the original plus the dlq_* headers, and the broker (the DLQ
+		// topic's max.message.bytes) decides; see deadLetter for a refusal.
+		BatchBytes: 64 << 20,
 		Transport:    transport,
 	}
 	defer func() {

@@ -18,7 +18,7 @@ import (
 // Headers the consumer adds to a message it dead-letters, beside the
 // message's own key, value and headers. Times are RFC 3339 with
 // nanoseconds, numbers decimal. Redrive strips every header starting with
-// HeaderDLQPrefix and adds HeaderRedrivenFrom.
+// HeaderDLQPrefix and adds HeaderRedrivenFrom and HeaderRedriveFor.
 const (
 	// HeaderDLQPrefix starts every DLQ header.
 	HeaderDLQPrefix = "dlq_"
@@ -35,9 +35,20 @@ const (
 	// HeaderDLQFirstFailure and HeaderDLQLastFailure bracket the failures.
 	HeaderDLQFirstFailure = "dlq_first_failure"
 	HeaderDLQLastFailure  = "dlq_last_failure"
+	// HeaderDLQValueDropped, set to the original value's size in bytes,
+	// marks an entry whose value was too large for the DLQ topic: it
+	// carries the headers and key only, and the original stays at
+	// dlq_original_topic/partition/offset for as long as that topic keeps
+	// it. Redrive refuses such entries.
+	HeaderDLQValueDropped = "dlq_value_dropped"
 	// HeaderRedrivenFrom, on a redriven message, says where in the DLQ it
 	// came from: "<dlq topic>/<partition>/<offset>".
 	HeaderRedrivenFrom = "redriven_from"
+	// HeaderRedriveFor, on a redriven message, names the consumer it is
+	// meant for: the one that dead-lettered it. Other consumers of the topic
+	// skip it, since they applied the event when it first came by and their
+	// dedup rows may have been pruned since.
+	HeaderRedriveFor = "redrive_for"
 )
 
 // deadLetter publishes m to the DLQ topic, retrying until it succeeds or
@@ -63,6 +74,15 @@ func (p *partition) deadLetter(ctx context.Context, m kafka.Message, env *envelo
 		err := c.writer.WriteMessages(ctx, msg)
 		if err == nil {
 			break
+		}
+		if tooLarge(err) && msg.Value != nil {
+			// The DLQ topic refuses the message (the dlq_* headers made it
+			// larger, or the topic's limit is lower than the original's):
+			// dead-letter its headers and key, and point at the original.
+			p.log.Error("consumer: message too large for the DLQ, dead-lettering it without its value", "dlq", c.dlq, "offset", m.Offset, "bytes", len(m.Value))
+			msg.Headers = append(msg.Headers, kafka.Header{Key: HeaderDLQValueDropped, Value: []byte(strconv.Itoa(len(m.Value)))})
+			msg.Value = nil
+			continue
 		}
 		if ctx.Err() != nil {
 			return ctx.Err()
@@ -94,7 +114,7 @@ func (p *partition) deadLetter(ctx context.Context, m kafka.Message, env *envelo
 func originalHeaders(hs []kafka.Header) []kafka.Header {
 	out := make([]kafka.Header, 0, len(hs)+9)
 	for _, h := range hs {
-		if strings.HasPrefix(h.Key, HeaderDLQPrefix) || h.Key == HeaderRedrivenFrom {
+		if strings.HasPrefix(h.Key, HeaderDLQPrefix) || h.Key == HeaderRedrivenFrom || h.Key == HeaderRedriveFor {
 			continue
 		}
 		out = append(out, h)
@@ -129,6 +149,9 @@ type DLQEntry struct {
 	OriginalOffset    int64
 	// RedrivenFrom is set when the failed message had itself been redriven.
 	RedrivenFrom string
+	// ValueDropped is the size of the original value when it was too large
+	// for the DLQ and left out (HeaderDLQValueDropped); 0 otherwise.
+	ValueDropped int
 	// Message is the DLQ message as read.
 	Message kafka.Message
 }
@@ -249,6 +272,7 @@ func parseEntry(m kafka.Message) DLQEntry {
 	e.OriginalPartition, _ = strconv.Atoi(hdr(HeaderDLQOriginalPartition))
 	e.OriginalOffset, _ = strconv.ParseInt(hdr(HeaderDLQOriginalOffset), 10, 64)
 	e.RedrivenFrom = hdr(HeaderRedrivenFrom)
+	e.ValueDropped, _ = strconv.Atoi(hdr(HeaderDLQValueDropped))
 	return e
 }
 
@@ -293,15 +317,17 @@ func Redrive(ctx context.Context, brokers []string, dlqTopic string, sel Selecto
 		if e.OriginalTopic == "" {
 			return nil, fmt.Errorf("consumer: redrive: %s/%d/%d has no %s header", dlqTopic, e.Partition, e.Offset, HeaderDLQOriginalTopic)
 		}
+		if e.ValueDropped > 0 {
+			return nil, fmt.Errorf("consumer: redrive: %s/%d/%d lost its %d-byte value (too large for the DLQ); the original is at %s/%d/%d: republish it from there",
+				dlqTopic, e.Partition, e.Offset, e.ValueDropped, e.OriginalTopic, e.OriginalPartition, e.OriginalOffset)
+		}
 		picked = append(picked, e)
 		msgs = append(msgs, kafka.Message{
 			Topic:     e.OriginalTopic,
 			Partition: e.OriginalPartition,
 			Key:       e.Message.Key,
 			Value:     e.Message.Value,
-			Headers: append(originalHeaders(e.Message.Headers), kafka.Header{
-				Key: HeaderRedrivenFrom, Value: fmt.Appendf(nil, "%s/%d/%d", dlqTopic, e.Partition, e.Offset),
-			}),
+			Headers: append(originalHeaders(e.Message.Headers), redriveHeaders(dlqTopic, e)...),
 		})
 	}
 	if len(msgs) == 0 {
@@ -324,6 +350,32 @@ func Redrive(ctx context.Context, brokers []string, dlqTopic string, sel Selecto
 		return nil, fmt.Errorf("consumer: redrive from %s: close writer: %w", dlqTopic, err)
 	}
 	return picked, nil
+}
+
+// redriveHeaders are the headers Redrive adds: where the message comes
+// from and, when the DLQ entry names it, the consumer it is meant for.
+func redriveHeaders(dlqTopic string, e DLQEntry) []kafka.Header {
+	h := []kafka.Header{{Key: HeaderRedrivenFrom, Value: fmt.Appendf(nil, "%s/%d/%d", dlqTopic, e.Partition, e.Offset)}}
+	if e.Consumer != "" {
+		h = append(h, kafka.Header{Key: HeaderRedriveFor, Value: []byte(e.Consumer)})
+	}
+	return h
+}
+
+// tooLarge reports whether a produce failed because the message exceeds a
+// size limit, the client's or the broker's.
+func tooLarge(err error) bool {
+	var we kafka.WriteErrors
+	if errors.As(err, &we) {
+		for _, e := range we {
+			if e != nil && tooLarge(e) {
+				return true
+			}
+		}
+		return false
+	}
+	var mtl kafka.MessageTooLargeError
+	return errors.Is(err, kafka.MessageSizeTooLarge) || errors.As(err, &mtl)
 }
 
 // originalPartition sends a redriven message back to its original

@@ -51,6 +51,7 @@ type settings struct {
 	// Test seams, unexported on purpose.
 	afterDBCommit func(kafka.Message) error // a non-nil error aborts Run before the offset is marked
 	noDedup       bool                      // benchmark baseline: run the handler without the dedup insert
+	lostCommitAck func() error              // a non-nil error replaces a successful commit's result, as a connection lost in COMMIT would
 
 	errs []error
 }
@@ -293,6 +294,11 @@ func WithFaults(f Faults) Option {
 // withAfterDBCommit is WithFaults with only AfterDBCommit, for the tests.
 func withAfterDBCommit(fn func(kafka.Message) error) Option {
 	return WithFaults(Faults{AfterDBCommit: fn})
+}
+
+// withLostCommitAck makes successful commits report fn's error (tests only).
+func withLostCommitAck(fn func() error) Option {
+	return func(c *Consumer) { c.s.lostCommitAck = fn }
 }
 
 // withoutDedup skips the dedup insert: the benchmark's baseline.

@@ -180,6 +180,19 @@ func (p *partition) flush() error {
 func (p *partition) settle(ctx context.Context, m kafka.Message) error {
 	c := p.c
 	d := events.Delivery{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}
+	if target, ok := envelope.Header(m, HeaderRedriveFor); ok && target != c.cfg.Name {
+		// A redrive is addressed to the consumer that dead-lettered the
+		// message. The others applied the event long ago, and their dedup
+		// rows may be pruned by now: they skip it like a duplicate.
+		if err := p.done(m); err != nil {
+			return err
+		}
+		if c.s.hooks.Duplicate != nil {
+			typ, _ := envelope.Header(m, envelope.HeaderType)
+			c.s.hooks.Duplicate(d, typ)
+		}
+		return nil
+	}
 	env, err := envelope.Decode(m)
 	if err == nil {
 		err = c.check(env)
@@ -292,10 +305,28 @@ func (c *Consumer) attempt(ctx context.Context, env *envelope.Envelope, d events
 	if err := c.traceHandler(ctx, tx, meta, ev); err != nil {
 		return false, err
 	}
-	if err := tx.Commit(ctx); err != nil {
+	err = tx.Commit(ctx)
+	if err == nil && c.s.lostCommitAck != nil {
+		err = c.s.lostCommitAck()
+	}
+	if err != nil {
+		// A commit that failed in transit may have succeeded on the server:
+		// look before counting the attempt as failed, so an applied event is
+		// never dead-lettered (or its effect attempted again).
+		if applied, qerr := c.applied(ctx, env.EventID); qerr == nil && applied {
+			return false, nil
+		}
 		return false, fmt.Errorf("consumer: commit: %w", err)
 	}
 	return false, nil
+}
+
+// applied reports whether the dedup table records the event as applied by
+// this consumer.
+func (c *Consumer) applied(ctx context.Context, id events.EventID) (bool, error) {
+	var ok bool
+	err := c.cfg.DB.QueryRow(ctx, c.sql.applied, c.cfg.Name, pgtype.UUID{Bytes: id, Valid: true}).Scan(&ok)
+	return ok, err
 }
 
 // traceHandler runs the handler in a consumer span whose parent is the

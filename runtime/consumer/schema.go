@@ -30,6 +30,7 @@ type sqlSet struct {
 	migrate string
 	lock    string
 	dedup   string
+	applied string
 	prune   string
 }
 
@@ -67,6 +68,7 @@ func renderSQL(table string) (*sqlSet, error) {
 		{"consumer.sql", &s.migrate},
 		{"consumer_migrate_lock", &s.lock},
 		{"consumer_dedup", &s.dedup},
+		{"consumer_applied", &s.applied},
 		{"consumer_prune", &s.prune},
 	} {
 		if *r.dst, err = templates.Render(r.name, data); err != nil {

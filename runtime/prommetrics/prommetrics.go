@@ -4,7 +4,7 @@
 //
 //	m := prommetrics.New(prometheus.DefaultRegisterer)
 //	relay, _ := outbox.NewRelay(pool, brokers, outbox.WithMetrics(m.Relay()))
-//	c, _ := ordersv1.NewOrderPlacedConsumer(cfg, h, consumer.WithHooks(m.Consumer()))
+//	c, _ := ordersv1.NewOrderPlacedConsumer(cfg, h, consumer.WithHooks(m.Consumer(cfg.Name)))
 //	http.Handle("/metrics", promhttp.Handler())
 package prommetrics
 
@@ -67,15 +67,15 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 		consumed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "protoevents", Subsystem: "consumer", Name: "processed_total",
 			Help: "Events applied: handler ran and its transaction committed.",
-		}, []string{"topic", "event_type"}),
+		}, []string{"consumer", "topic", "event_type"}),
 		duplicates: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "protoevents", Subsystem: "consumer", Name: "duplicates_total",
 			Help: "Redelivered events the dedup table absorbed (handler skipped).",
-		}, []string{"topic", "event_type"}),
+		}, []string{"consumer", "topic", "event_type"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "protoevents", Subsystem: "consumer", Name: "retries_total",
 			Help: "Failed attempts that will be retried.",
-		}, []string{"topic"}),
+		}, []string{"consumer", "topic"}),
 		deadLettered: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Namespace: "protoevents", Subsystem: "consumer", Name: "dead_lettered_total",
 			Help: "Messages given up on and published to their DLQ topic.",
@@ -84,11 +84,11 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Namespace: "protoevents", Subsystem: "consumer", Name: "process_seconds",
 			Help:    "Time of a successful attempt: dedup insert, handler and commit.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 14),
-		}, []string{"topic"}),
+		}, []string{"consumer", "topic"}),
 		consumerLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Namespace: "protoevents", Subsystem: "consumer", Name: "lag_messages",
 			Help: "Messages in the partition after the last fetched one.",
-		}, []string{"topic", "partition"}),
+		}, []string{"consumer", "topic", "partition"}),
 	}
 	for _, c := range []prometheus.Collector{
 		m.relayBatches, m.relayPublished, m.relayErrors, m.outboxPending, m.outboxOldest, m.relayLanes,
@@ -115,18 +115,20 @@ func (m *Metrics) Relay() outbox.Metrics {
 	}
 }
 
-// Consumer returns the hooks to pass to consumer.WithHooks. alert, if not
-// nil, is also called for every dead-lettered message.
-func (m *Metrics) Consumer(alert ...func(consumer.DeadLetter)) consumer.Hooks {
+// Consumer returns the hooks to pass to consumer.WithHooks of the consumer
+// named name (its consumer.Config.Name), which labels its series so several
+// consumers in one process stay apart. alert, if not nil, is also called
+// for every dead-lettered message.
+func (m *Metrics) Consumer(name string, alert ...func(consumer.DeadLetter)) consumer.Hooks {
 	return consumer.Hooks{
 		Processed: func(d events.Delivery, eventType string, latency time.Duration) {
-			m.consumed.WithLabelValues(d.Topic, eventType).Inc()
-			m.handlerLatency.WithLabelValues(d.Topic).Observe(latency.Seconds())
+			m.consumed.WithLabelValues(name, d.Topic, eventType).Inc()
+			m.handlerLatency.WithLabelValues(name, d.Topic).Observe(latency.Seconds())
 		},
 		Duplicate: func(d events.Delivery, eventType string) {
-			m.duplicates.WithLabelValues(d.Topic, eventType).Inc()
+			m.duplicates.WithLabelValues(name, d.Topic, eventType).Inc()
 		},
-		Retry: func(d events.Delivery, _ error, _ time.Duration) { m.retries.WithLabelValues(d.Topic).Inc() },
+		Retry: func(d events.Delivery, _ error, _ time.Duration) { m.retries.WithLabelValues(name, d.Topic).Inc() },
 		DeadLettered: func(dl consumer.DeadLetter) {
 			m.deadLettered.WithLabelValues(dl.Original.Topic, dl.Consumer).Inc()
 			for _, a := range alert {
@@ -136,7 +138,7 @@ func (m *Metrics) Consumer(alert ...func(consumer.DeadLetter)) consumer.Hooks {
 			}
 		},
 		Lag: func(topic string, partition int, lag int64) {
-			m.consumerLag.WithLabelValues(topic, strconv.Itoa(partition)).Set(float64(lag))
+			m.consumerLag.WithLabelValues(name, topic, strconv.Itoa(partition)).Set(float64(lag))
 		},
 	}
 }

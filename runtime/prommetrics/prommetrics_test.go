@@ -30,7 +30,8 @@ func TestHooksFeedCollectors(t *testing.T) {
 	r.Lanes(8)
 
 	var alerted []consumer.DeadLetter
-	c := m.Consumer(func(dl consumer.DeadLetter) { alerted = append(alerted, dl) })
+	c := m.Consumer("shipping", func(dl consumer.DeadLetter) { alerted = append(alerted, dl) })
+	other := m.Consumer("billing")
 	d := events.Delivery{Topic: "shop.orders.order-placed.v1", Partition: 2, Offset: 7, Attempt: 1}
 	c.Processed(d, "shop.orders.v1.OrderPlaced", 3*time.Millisecond)
 	c.Processed(d, "shop.orders.v1.OrderPlaced", 5*time.Millisecond)
@@ -38,6 +39,8 @@ func TestHooksFeedCollectors(t *testing.T) {
 	c.Retry(d, errors.New("boom"), time.Second)
 	c.DeadLettered(consumer.DeadLetter{Consumer: "shipping", Original: d})
 	c.Lag(d.Topic, 2, 17)
+	other.Processed(d, "shop.orders.v1.OrderPlaced", time.Millisecond)
+	other.Lag(d.Topic, 2, 3)
 
 	checks := []struct {
 		name string
@@ -49,11 +52,13 @@ func TestHooksFeedCollectors(t *testing.T) {
 		{"pending", testutil.ToFloat64(m.outboxPending), 42},
 		{"oldest", testutil.ToFloat64(m.outboxOldest), 3},
 		{"lanes", testutil.ToFloat64(m.relayLanes), 8},
-		{"processed", testutil.ToFloat64(m.consumed.WithLabelValues(d.Topic, "shop.orders.v1.OrderPlaced")), 2},
-		{"duplicates", testutil.ToFloat64(m.duplicates.WithLabelValues(d.Topic, "shop.orders.v1.OrderPlaced")), 1},
-		{"retries", testutil.ToFloat64(m.retries.WithLabelValues(d.Topic)), 1},
+		{"processed", testutil.ToFloat64(m.consumed.WithLabelValues("shipping", d.Topic, "shop.orders.v1.OrderPlaced")), 2},
+		{"processed by another consumer", testutil.ToFloat64(m.consumed.WithLabelValues("billing", d.Topic, "shop.orders.v1.OrderPlaced")), 1},
+		{"duplicates", testutil.ToFloat64(m.duplicates.WithLabelValues("shipping", d.Topic, "shop.orders.v1.OrderPlaced")), 1},
+		{"retries", testutil.ToFloat64(m.retries.WithLabelValues("shipping", d.Topic)), 1},
 		{"dead lettered", testutil.ToFloat64(m.deadLettered.WithLabelValues(d.Topic, "shipping")), 1},
-		{"lag", testutil.ToFloat64(m.consumerLag.WithLabelValues(d.Topic, "2")), 17},
+		{"lag", testutil.ToFloat64(m.consumerLag.WithLabelValues("shipping", d.Topic, "2")), 17},
+		{"lag of another consumer", testutil.ToFloat64(m.consumerLag.WithLabelValues("billing", d.Topic, "2")), 3},
 	}
 	for _, c := range checks {
 		if c.got != c.want {
@@ -63,7 +68,7 @@ func TestHooksFeedCollectors(t *testing.T) {
 	if len(alerted) != 1 || alerted[0].Consumer != "shipping" {
 		t.Errorf("alert hook got %v", alerted)
 	}
-	if n := testutil.CollectAndCount(m.handlerLatency); n != 1 {
-		t.Errorf("latency histogram series = %d, want 1", n)
+	if n := testutil.CollectAndCount(m.handlerLatency); n != 2 {
+		t.Errorf("latency histogram series = %d, want 2 (one per consumer)", n)
 	}
 }

@@ -37,15 +37,24 @@ type Config struct {
 	Dialer *kafka.Dialer
 }
 
+// dlqOf is the descriptor's DLQ topic, with the consumer's default.
+func dlqOf(d *events.Descriptor) string {
+	if d.DLQTopic != "" || d.Topic == "" {
+		return d.DLQTopic
+	}
+	return d.Topic + ".dlq"
+}
+
 // Names returns the topics the descriptors need, sorted and without
-// duplicates: every event topic and every DLQ topic.
+// duplicates: every event topic and every DLQ topic (default
+// "<topic>.dlq", as the consumer uses).
 func Names(ds ...*events.Descriptor) []string {
 	seen := map[string]bool{}
 	for _, d := range ds {
 		if d == nil {
 			continue
 		}
-		for _, t := range []string{d.Topic, d.DLQTopic} {
+		for _, t := range []string{d.Topic, dlqOf(d)} {
 			if t != "" {
 				seen[t] = true
 			}
@@ -65,8 +74,8 @@ func Names(ds ...*events.Descriptor) []string {
 func Ensure(ctx context.Context, brokers []string, cfg Config, ds ...*events.Descriptor) ([]string, error) {
 	dlq := map[string]bool{}
 	for _, d := range ds {
-		if d != nil && d.DLQTopic != "" {
-			dlq[d.DLQTopic] = true
+		if d != nil && dlqOf(d) != "" {
+			dlq[dlqOf(d)] = true
 		}
 	}
 	var specs []kafka.TopicConfig

@@ -22,9 +22,10 @@ func TestEnsureCreatesTopicsAndDLQsOnce(t *testing.T) {
 	ds := []*events.Descriptor{
 		{Type: "x.A", Topic: a, DLQTopic: a + ".dlq"},
 		{Type: "x.B", Topic: b, DLQTopic: "shared-dlq-" + b},
+		{Type: "x.C", Topic: b + "-c"}, // no DLQ topic: the consumer's default
 		nil,
 	}
-	want := []string{a, a + ".dlq", b, "shared-dlq-" + b}
+	want := []string{a, a + ".dlq", b, "shared-dlq-" + b, b + "-c", b + "-c.dlq"}
 	slices.Sort(want)
 	if got := topics.Names(ds...); !slices.Equal(got, want) {
 		t.Fatalf("Names = %v, want %v", got, want)
