@@ -219,7 +219,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		// the original plus the dlq_* headers, and the broker (the DLQ
 		// topic's max.message.bytes) decides; see deadLetter for a refusal.
 		BatchBytes: 64 << 20,
-		Transport:    transport,
+		Transport:  transport,
 	}
 	defer func() {
 		if err := c.writer.Close(); err != nil {

@@ -327,7 +327,7 @@ func Redrive(ctx context.Context, brokers []string, dlqTopic string, sel Selecto
 			Partition: e.OriginalPartition,
 			Key:       e.Message.Key,
 			Value:     e.Message.Value,
-			Headers: append(originalHeaders(e.Message.Headers), redriveHeaders(dlqTopic, e)...),
+			Headers:   append(originalHeaders(e.Message.Headers), redriveHeaders(dlqTopic, e)...),
 		})
 	}
 	if len(msgs) == 0 {
