@@ -295,9 +295,11 @@ func SelectEventIDs(ids ...string) Selector {
 
 // Redrive republishes the selected entries of a DLQ topic to their original
 // topics: the original key, value and headers (dlq_* headers stripped) plus
-// a redriven_from header, to the original partition when it still exists.
-// The event ID is unchanged, so a consumer that did apply the event skips
-// it. The DLQ itself is left as it is (it is a log); redriving an entry
+// a redriven_from header and a redrive_for header naming the consumer that
+// dead-lettered the entry, to the original partition when it still exists.
+// Only that consumer handles the message; the topic's other consumers skip
+// it. The event ID is unchanged, so if that consumer did apply the event in
+// the meantime it skips it too. The DLQ itself is left as it is (it is a log); redriving an entry
 // twice is harmless for the same reason. It returns the entries redriven.
 func Redrive(ctx context.Context, brokers []string, dlqTopic string, sel Selector, opts ...DLQOption) ([]DLQEntry, error) {
 	if sel == nil {
