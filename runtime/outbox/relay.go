@@ -139,8 +139,10 @@ func (e *crashError) Unwrap() error { return e.err }
 // Run relays until ctx is canceled, then returns nil after shutting down:
 // an in-flight publish is abandoned (its rows stay pending and are re-sent
 // later) but a batch the broker already acknowledged is still marked. It
-// retries database and broker failures with backoff; it returns an error
-// only if the table cannot be found at start or a hook simulated a crash.
+// retries database and broker failures with backoff, also while looking the
+// table up at start (each failure is logged and reported to
+// Metrics.PublishFailed); it returns an error only if the table does not
+// exist (ErrNoTable) or is not an outbox, or a hook simulated a crash.
 // A Relay runs at most once at a time.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
@@ -148,12 +150,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	defer r.running.Store(false)
 
-	rt, err := resolve(ctx, r.pool, r.table)
+	rt, err := r.resolveTable(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
-		return fmt.Errorf("outbox: relay: %w", err)
+		return err
 	}
 	w := r.newKafkaWriter()
 	wake := make(chan struct{}, 1)
@@ -180,6 +182,31 @@ func (r *Relay) Run(ctx context.Context) error {
 	stopListen()
 	wg.Wait()
 	return err
+}
+
+// resolveTable looks the outbox table up, retrying with backoff while the
+// database cannot be reached or fails; only a table that does not exist, or
+// is not an outbox, ends it with an error (or ctx, with ctx's error).
+func (r *Relay) resolveTable(ctx context.Context) (resolvedTable, error) {
+	bo := backoff{min: r.cfg.backoffMin, max: r.cfg.backoffMax}
+	for {
+		rt, err := resolve(ctx, r.pool, r.table)
+		if err == nil {
+			return rt, nil
+		}
+		if ctx.Err() != nil {
+			return rt, ctx.Err()
+		}
+		if errors.Is(err, ErrNoTable) || errors.Is(err, errNotOutbox) {
+			return rt, err
+		}
+		d := bo.next()
+		r.log.Warn("outbox relay: look up table: retrying", "err", err, "backoff", d)
+		if f := r.cfg.metrics.PublishFailed; f != nil {
+			f(err)
+		}
+		sleep(ctx, d)
+	}
 }
 
 // newKafkaWriter builds the producer, applying the caller's adjustments and
