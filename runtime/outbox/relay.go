@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,10 +55,15 @@ import (
 // keys are parked: the claim skips every row of a parked key until the
 // key's own exponential, jittered backoff ends, so a key is never published
 // past one of its own unpublished events, while the keys behind it in the
-// lanes (on healthy partitions) keep flowing. When a batch gets nothing
-// through at all, the whole relay backs off. Rows re-sent after a failure
-// or crash are duplicates with the same event_id, which consumers
-// deduplicate.
+// lanes (on healthy partitions) keep flowing. A topic the broker refuses as
+// a whole (unknown, invalid or not authorized: kafka-go fails the entire
+// call for it, before sending anything) is parked the same way, with its
+// own backoff: the claim skips all of its rows, so however many of them
+// fill the head of the lanes, the other topics' rows behind them flow; a
+// key lives on one topic, so this keeps every key's order. When a batch
+// gets nothing through and parks no topic, the whole relay backs off. Rows
+// re-sent after a failure or crash are duplicates with the same event_id,
+// which consumers deduplicate.
 //
 // # Takeover
 //
@@ -71,11 +77,12 @@ import (
 // # Known limits
 //
 // Rows for a topic that does not exist (and is not auto-created, see
-// WithKafkaWriter) stay pending, their keys parked and retried with
-// backoff, until the topic is created; other topics flow meanwhile and the
-// error is in TableStatus.LastError. A row larger than the broker's
-// message.max.bytes is refused by the broker and holds up its key forever:
-// an operator has to delete it. The lane count is fixed per table.
+// WithKafkaWriter) stay pending, the topic parked and retried with backoff
+// (up to WithBackoff's maximum), until the topic is created; other topics
+// flow meanwhile and the error is in TableStatus.LastError. A row larger
+// than the broker's message.max.bytes is refused by the broker and holds up
+// its key forever: an operator has to delete it. The lane count is fixed
+// per table.
 type Relay struct {
 	pool    *pgxpool.Pool
 	brokers []string
@@ -132,8 +139,10 @@ func (e *crashError) Unwrap() error { return e.err }
 // Run relays until ctx is canceled, then returns nil after shutting down:
 // an in-flight publish is abandoned (its rows stay pending and are re-sent
 // later) but a batch the broker already acknowledged is still marked. It
-// retries database and broker failures with backoff; it returns an error
-// only if the table cannot be found at start or a hook simulated a crash.
+// retries database and broker failures with backoff, also while looking the
+// table up at start (each failure is logged and reported to
+// Metrics.PublishFailed); it returns an error only if the table does not
+// exist (ErrNoTable) or is not an outbox, or a hook simulated a crash.
 // A Relay runs at most once at a time.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
@@ -141,12 +150,12 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	defer r.running.Store(false)
 
-	rt, err := resolve(ctx, r.pool, r.table)
+	rt, err := r.resolveTable(ctx)
 	if err != nil {
 		if ctx.Err() != nil {
 			return nil
 		}
-		return fmt.Errorf("outbox: relay: %w", err)
+		return err
 	}
 	w := r.newKafkaWriter()
 	wake := make(chan struct{}, 1)
@@ -173,6 +182,31 @@ func (r *Relay) Run(ctx context.Context) error {
 	stopListen()
 	wg.Wait()
 	return err
+}
+
+// resolveTable looks the outbox table up, retrying with backoff while the
+// database cannot be reached or fails; only a table that does not exist, or
+// is not an outbox, ends it with an error (or ctx, with ctx's error).
+func (r *Relay) resolveTable(ctx context.Context) (resolvedTable, error) {
+	bo := backoff{min: r.cfg.backoffMin, max: r.cfg.backoffMax}
+	for {
+		rt, err := resolve(ctx, r.pool, r.table)
+		if err == nil {
+			return rt, nil
+		}
+		if ctx.Err() != nil {
+			return rt, ctx.Err()
+		}
+		if errors.Is(err, ErrNoTable) || errors.Is(err, errNotOutbox) {
+			return rt, err
+		}
+		d := bo.next()
+		r.log.Warn("outbox relay: look up table: retrying", "err", err, "backoff", d)
+		if f := r.cfg.metrics.PublishFailed; f != nil {
+			f(err)
+		}
+		sleep(ctx, d)
+	}
 }
 
 // newKafkaWriter builds the producer, applying the caller's adjustments and
@@ -226,6 +260,11 @@ type loop struct {
 	// leaves all their rows alone until the key's own backoff ends, so the
 	// keys behind them in the lanes keep flowing while their order is kept.
 	parked map[topicKey]*parkedKey
+	// parkedTopics are topics the broker refused as a whole (missing,
+	// invalid, not authorized): the claim leaves every row of them alone
+	// until the topic's own backoff ends, so they cannot fill the head of
+	// the lanes and hold up the other topics.
+	parkedTopics map[string]*parkedKey
 
 	nextRebalance, nextCleanup, nextStatus time.Time
 }
@@ -280,9 +319,10 @@ func (l *loop) run(ctx context.Context) error {
 				return nil
 			}
 			var partial *partialError
-			if errors.As(err, &partial) && partial.acked > 0 {
-				// Some partitions took their share: their failing keys
-				// are parked, the rest can go on at once.
+			if errors.As(err, &partial) && (partial.acked > 0 || partial.topics > 0) {
+				// Some partitions took their share, or the failure was
+				// confined to topics now parked: the failing keys and
+				// topics wait, the rest can go on at once.
 				l.report(err)
 				continue
 			}
@@ -312,6 +352,11 @@ func (l *loop) idle(ctx context.Context) {
 			d = min(d, u) // retry a parked key when its backoff ends
 		}
 	}
+	for _, p := range l.parkedTopics {
+		if u := time.Until(p.until); u > 0 {
+			d = min(d, u)
+		}
+	}
 	if d <= 0 {
 		return
 	}
@@ -339,17 +384,18 @@ func (l *loop) failed(ctx context.Context, err error) {
 
 // report records a failure that needs no pause.
 func (l *loop) report(err error) {
-	l.r.log.Warn("outbox relay: partial failure; failing keys parked", "err", err, "parked", len(l.parked))
+	l.r.log.Warn("outbox relay: partial failure; failing keys and topics parked", "err", err, "parked_keys", len(l.parked), "parked_topics", len(l.parkedTopics))
 	if f := l.r.cfg.metrics.PublishFailed; f != nil {
 		f(err)
 	}
 }
 
 // partialError is a publish in which some rows failed; acked counts those
-// the broker took.
+// the broker took, topics the topics parked because of it.
 type partialError struct {
-	acked int
-	err   error
+	acked  int
+	topics int
+	err    error
 }
 
 func (e *partialError) Error() string { return e.err.Error() }
@@ -385,16 +431,43 @@ func (l *loop) park(keys []topicKey) {
 	}
 }
 
-// parkedNow returns the keys still parked, as claim parameters.
-func (l *loop) parkedNow() (topics []string, keys [][]byte) {
+// parkTopics holds every row of the topics back for the topic's next
+// backoff delay.
+func (l *loop) parkTopics(topics []string) {
+	if l.parkedTopics == nil || len(l.parkedTopics) > maxParked {
+		l.parkedTopics = map[string]*parkedKey{}
+	}
 	now := time.Now()
+	for _, t := range topics {
+		p := l.parkedTopics[t]
+		if p == nil {
+			p = &parkedKey{}
+			l.parkedTopics[t] = p
+		}
+		b := backoff{min: l.r.cfg.backoffMin, max: l.r.cfg.backoffMax, n: p.fails}
+		p.fails++
+		p.until = now.Add(b.next())
+	}
+}
+
+// parkedNow returns the keys (as topic and key arrays) and the topics still
+// parked, as claim parameters; never nil, since a NULL array would make
+// the claim skip every row.
+func (l *loop) parkedNow() (keyTopics []string, keys [][]byte, topics []string) {
+	now := time.Now()
+	keyTopics, keys, topics = []string{}, [][]byte{}, []string{}
 	for k, p := range l.parked {
 		if now.Before(p.until) {
-			topics = append(topics, k.topic)
+			keyTopics = append(keyTopics, k.topic)
 			keys = append(keys, []byte(k.key))
 		}
 	}
-	return topics, keys
+	for t, p := range l.parkedTopics {
+		if now.Before(p.until) {
+			topics = append(topics, t)
+		}
+	}
+	return keyTopics, keys, topics
 }
 
 func (l *loop) dropSession(ctx context.Context) {
@@ -431,8 +504,8 @@ func (l *loop) batch(ctx context.Context) (more bool, err error) {
 		}
 	}()
 	var rows pgx.Rows
-	if topics, keys := l.parkedNow(); len(topics) > 0 {
-		rows, err = tx.Query(ctx, l.q.claimUnparked, l.s.owned, cfg.batchSize, topics, keys)
+	if keyTopics, keys, topics := l.parkedNow(); len(keys) > 0 || len(topics) > 0 {
+		rows, err = tx.Query(ctx, l.q.claimUnparked, l.s.owned, cfg.batchSize, keyTopics, keys, topics)
 	} else {
 		rows, err = tx.Query(ctx, l.q.claim, l.s.owned, cfg.batchSize)
 	}
@@ -485,6 +558,16 @@ func (l *loop) batch(ctx context.Context) (more bool, err error) {
 		return false, ctx.Err()
 	}
 	acked, failed, failing := ackedRows(batch, pubErr)
+	downTopics := refusedTopics(batch, pubErr)
+	if len(downTopics) > 0 {
+		// The topic's rows wait as a whole; parking its keys as well
+		// would only grow the claim's parameters.
+		down := make(map[string]bool, len(downTopics))
+		for _, t := range downTopics {
+			down[t] = true
+		}
+		failing = slices.DeleteFunc(failing, func(k topicKey) bool { return down[k.topic] })
+	}
 	if pubErr == nil && cfg.hooks.AfterPublish != nil {
 		rows := make([]Row, len(batch))
 		for i := range batch {
@@ -504,7 +587,7 @@ func (l *loop) batch(ctx context.Context) (more bool, err error) {
 		}
 	}
 	if len(failed) > 0 {
-		if _, err := tx.Exec(mctx, l.q.markFailed, failed, pubErr.Error()); err != nil {
+		if _, err := tx.Exec(mctx, l.q.markFailed, failed, failureText(pubErr)); err != nil {
 			return false, fmt.Errorf("outbox: relay: record failure: %w", err)
 		}
 	}
@@ -526,9 +609,22 @@ func (l *loop) batch(ctx context.Context) (more bool, err error) {
 			}
 		}
 	}
+	if len(l.parkedTopics) > 0 && len(acked) > 0 {
+		// Topics that got through are no longer parked.
+		ok := make(map[int64]bool, len(acked))
+		for _, id := range acked {
+			ok[id] = true
+		}
+		for i := range batch {
+			if ok[batch[i].ID] {
+				delete(l.parkedTopics, batch[i].Topic)
+			}
+		}
+	}
 	if pubErr != nil {
 		l.park(failing)
-		return false, &partialError{acked: len(acked), err: fmt.Errorf("outbox: relay: publish %d of %d rows failed: %w", len(failed), len(batch), pubErr)}
+		l.parkTopics(downTopics)
+		return false, &partialError{acked: len(acked), topics: len(downTopics), err: fmt.Errorf("outbox: relay: publish %d of %d rows failed: %w", len(failed), len(batch), pubErr)}
 	}
 	return full, nil
 }
@@ -555,6 +651,15 @@ func (l *loop) retryByTopic(ctx context.Context, msgs []kafka.Message, pubErr er
 		byTopic[t] = append(byTopic[t], i)
 	}
 	if len(order) < 2 {
+		if isTopicError(pubErr) {
+			// The one topic is refused as a whole: say so per message,
+			// so the topic gets parked rather than the relay stopped.
+			werrs = make(kafka.WriteErrors, len(msgs))
+			for i := range werrs {
+				werrs[i] = pubErr
+			}
+			return werrs
+		}
 		return pubErr
 	}
 	werrs = make(kafka.WriteErrors, len(msgs))
@@ -586,6 +691,58 @@ func (l *loop) retryByTopic(ctx context.Context, msgs []kafka.Message, pubErr er
 		return nil
 	}
 	return werrs
+}
+
+// isTopicError reports whether err (possibly wrapped) is the broker refusing
+// a topic as a whole: it does not exist, its name is invalid, or the relay
+// may not write to it.
+func isTopicError(err error) bool {
+	var ke kafka.Error
+	if !errors.As(err, &ke) {
+		return false
+	}
+	switch ke {
+	case kafka.UnknownTopicOrPartition, kafka.InvalidTopic, kafka.TopicAuthorizationFailed:
+		return true
+	}
+	return false
+}
+
+// refusedTopics returns the topics of a batch whose every message failed
+// with a topic-level error (kafka.WriteErrors, per message): those are
+// parked as a whole. A topic with one message through, or failing for
+// another reason, is left to key parking.
+func refusedTopics(batch []claimed, pubErr error) []string {
+	var werrs kafka.WriteErrors
+	if pubErr == nil || !errors.As(pubErr, &werrs) || len(werrs) != len(batch) {
+		return nil
+	}
+	refused := map[string]bool{}
+	var order []string
+	for i := range batch {
+		t := batch[i].Topic
+		bad, seen := refused[t]
+		if !seen {
+			order = append(order, t)
+			bad = true
+		}
+		refused[t] = bad && isTopicError(werrs[i])
+	}
+	return slices.DeleteFunc(order, func(t string) bool { return !refused[t] })
+}
+
+// failureText is the error recorded on failed rows: for per-message errors,
+// the first of them, which kafka.WriteErrors' own text leaves out.
+func failureText(err error) string {
+	var werrs kafka.WriteErrors
+	if errors.As(err, &werrs) {
+		for _, e := range werrs {
+			if e != nil {
+				return fmt.Sprintf("%v: %v", err, e)
+			}
+		}
+	}
+	return err.Error()
 }
 
 // ackedRows splits a published batch into the rows to mark published and

@@ -80,9 +80,11 @@ ORDER BY n`, table),
 FROM %s WHERE published_at IS NULL AND lane = ANY($1::int[])
 ORDER BY id LIMIT $2 FOR UPDATE`, table),
 		// claimUnparked is claim without the rows of parked keys ($3 topics,
-		// $4 keys): all of a parked key's rows wait, so its order holds.
+		// $4 keys) and of parked topics ($5): all of a parked key's or
+		// topic's rows wait, so its order holds. The arrays must not be NULL.
 		claimUnparked: fmt.Sprintf(`SELECT id, event_id, event_type, topic, key, lane, value, headers::text, attempts
 FROM %s o WHERE published_at IS NULL AND lane = ANY($1::int[])
+  AND topic <> ALL($5::text[])
   AND NOT EXISTS (SELECT 1 FROM unnest($3::text[], $4::bytea[]) AS p(topic, key) WHERE p.topic = o.topic AND p.key = o.key)
 ORDER BY id LIMIT $2 FOR UPDATE`, table),
 		markPublished: fmt.Sprintf(`UPDATE %s SET published_at = now(), attempts = attempts + 1, last_error = NULL

@@ -28,6 +28,9 @@ const maxLanes = 1024
 // Migrate first.
 var ErrNoTable = errors.New("outbox: table does not exist (run outbox.Migrate)")
 
+// errNotOutbox marks a table that exists but was not made by Migrate.
+var errNotOutbox = errors.New("is not a protoevents outbox")
+
 // identRE is what we accept as one part of a table name: a plain SQL
 // identifier. Names are quoted anyway; the check keeps out names that would
 // need quoting to be readable, and so surprise operators.
@@ -134,7 +137,7 @@ func encodeComment(lanes int) string {
 func decodeComment(table, s string) (tableComment, error) {
 	var c tableComment
 	if err := json.Unmarshal([]byte(s), &c); err != nil || c.Kind != commentKind || c.Lanes < 1 || c.Lanes > maxLanes {
-		return tableComment{}, fmt.Errorf("outbox: table %s exists but is not a protoevents outbox (comment %q)", table, s)
+		return tableComment{}, fmt.Errorf("outbox: table %s exists but %w (comment %q)", table, errNotOutbox, s)
 	}
 	return c, nil
 }
