@@ -51,7 +51,7 @@ several instances at once.`)
 	db := dbFlag(fs, env)
 	outboxTable := fs.String("outbox-table", outbox.DefaultTable, `outbox table, "name" or "schema.name"`)
 	dedupTable := fs.String("dedup-table", "consumed_events", `consumers' dedup table, "name" or "schema.name"`)
-	lanes := fs.Int("lanes", 16, "key-hash lanes of a new outbox: the most relays that share the work (fixed at creation)")
+	lanes := fs.Int("lanes", 16, "key-hash lanes of a new outbox: the most relays that share the work (fixed at creation; an existing table keeps its count unless this is given)")
 	only := fs.String("only", "", `migrate only "outbox" or "consumer"`)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -68,7 +68,11 @@ several instances at once.`)
 	}
 	defer pool.Close()
 	if *only != "consumer" {
-		if err := outbox.Migrate(ctx, pool, outbox.WithTable(*outboxTable), outbox.WithLanes(*lanes)); err != nil {
+		opts := []outbox.Option{outbox.WithTable(*outboxTable)}
+		if flagGiven(fs, "lanes") {
+			opts = append(opts, outbox.WithLanes(*lanes))
+		}
+		if err := outbox.Migrate(ctx, pool, opts...); err != nil {
 			return err
 		}
 		fmt.Fprintf(env.stdout, "outbox table %s: ready\n", *outboxTable)
@@ -104,6 +108,12 @@ health check on --metrics-addr.`)
 	}
 	if err := need(*brokers, "brokers", "PROTOEVENTS_KAFKA_BROKERS"); err != nil {
 		return err
+	}
+	if *batch < 1 || *batch > 10000 {
+		return fmt.Errorf("%w: --batch %d: want 1..10000", errUsage, *batch)
+	}
+	if *poll <= 0 || *retention <= 0 {
+		return fmt.Errorf("%w: --poll and --retention must be positive", errUsage)
 	}
 	var handler slog.Handler = slog.NewTextHandler(env.stderr, nil)
 	if *logJSON {
@@ -162,7 +172,7 @@ health check on --metrics-addr.`)
 func runTopics(ctx context.Context, env *cliEnv, args []string) error {
 	if len(args) == 0 || args[0] != "create" {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
-			fmt.Fprintln(env.stderr, "Usage: eventsctl topics create --topic T[,T...] [flags]\n\nCreates event topics and, with --dlq, their \"<topic>.dlq\" dead-letter topics.")
+			fmt.Fprintln(env.stdout, "Usage: eventsctl topics create --topic T[,T...] [flags]\n\nCreates event topics and, with --dlq, their \"<topic>.dlq\" dead-letter topics.")
 			return flag.ErrHelp
 		}
 		return fmt.Errorf("%w: want \"eventsctl topics create\"", errUsage)
@@ -209,7 +219,7 @@ Programs can do the same from the generated registries with topics.Ensure.`)
 func runOutbox(ctx context.Context, env *cliEnv, args []string) error {
 	if len(args) == 0 || args[0] != "status" {
 		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
-			fmt.Fprintln(env.stderr, "Usage: eventsctl outbox status [flags]\n\nReports pending rows, the oldest pending age and publish failures.")
+			fmt.Fprintln(env.stdout, "Usage: eventsctl outbox status [flags]\n\nReports pending rows, the oldest pending age and publish failures.")
 			return flag.ErrHelp
 		}
 		return fmt.Errorf("%w: want \"eventsctl outbox status\"", errUsage)
@@ -283,6 +293,10 @@ values under the floor are refused.`)
 	}
 	if err := need(*db, "database-url", "PROTOEVENTS_DATABASE_URL"); err != nil {
 		return err
+	}
+	if *olderThan < *floor {
+		return fmt.Errorf("%w: --older-than %s is below --retention-floor %s: dedup rows must outlive the topics' retention on the broker; lower --retention-floor only if they keep messages for less",
+			errUsage, *olderThan, *floor)
 	}
 	pool, err := connect(ctx, *db)
 	if err != nil {

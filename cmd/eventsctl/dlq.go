@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"flag"
 	"fmt"
@@ -32,7 +33,7 @@ Run "eventsctl dlq <subcommand> -h" for its flags.`
 	case "redrive":
 		return runDLQRedrive(ctx, env, args[1:])
 	case "-h", "--help", "help":
-		fmt.Fprintln(env.stderr, usage)
+		fmt.Fprintln(env.stdout, usage)
 		return flag.ErrHelp
 	}
 	fmt.Fprintln(env.stderr, usage)
@@ -40,11 +41,19 @@ Run "eventsctl dlq <subcommand> -h" for its flags.`
 }
 
 // dlqFlags registers the flags every dlq subcommand shares.
-func dlqFlags(env *cliEnv, name, usage, desc string) (fs *flag.FlagSet, brokers, topic *string) {
+func dlqFlags(env *cliEnv, name, usage, desc string) (fs *cmdFlags, brokers, topic *string) {
 	fs = newFlags(env, "dlq "+name, usage, desc)
 	brokers = brokersFlag(fs, env)
 	topic = fs.String("topic", "", `DLQ topic, e.g. "shop.orders.order-placed.v1.dlq" (required)`)
 	return fs, brokers, topic
+}
+
+// dlqError explains a missing DLQ topic in the CLI's terms.
+func dlqError(topic string, err error) error {
+	if errors.Is(err, consumer.ErrNoTopic) {
+		return fmt.Errorf("DLQ topic %s does not exist: check --topic (the event's topic + \".dlq\" unless its schema sets dlq_topic); eventsctl topics create makes it", topic)
+	}
+	return err
 }
 
 func checkDLQFlags(brokers, topic string) error {
@@ -71,7 +80,7 @@ Reading commits nothing and moves no consumer's offsets.`)
 	}
 	entries, err := consumer.ListDLQ(ctx, splitList(*brokers), *topic)
 	if err != nil {
-		return err
+		return dlqError(*topic, err)
 	}
 	if *asJSON {
 		type row struct {
@@ -126,7 +135,7 @@ stack), the key and the envelope.`)
 	}
 	entries, err := consumer.ListDLQ(ctx, splitList(*brokers), *topic)
 	if err != nil {
-		return err
+		return dlqError(*topic, err)
 	}
 	for _, e := range entries {
 		if e.Partition != *partition || e.Offset != *offset {
@@ -188,9 +197,12 @@ again returns to the DLQ after its retries. The DLQ itself is not modified.`)
 	}
 	done, err := consumer.Redrive(ctx, splitList(*brokers), *topic, sel)
 	if err != nil {
-		return err
+		return dlqError(*topic, err)
 	}
 	if len(done) == 0 {
+		if *offsets != "" {
+			return fmt.Errorf("nothing at offset(s) %s of %s partition %d (see eventsctl dlq list; --partition picks the partition)", *offsets, *topic, *partition)
+		}
 		return fmt.Errorf("nothing selected in %s (see eventsctl dlq list)", *topic)
 	}
 	for _, e := range done {

@@ -38,6 +38,9 @@ func TestHelpAndUsageErrors(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("help exit %d", code)
 	}
+	if code, out, _ := cli(t, nil, "--version"); code != 0 || !strings.HasPrefix(out, "eventsctl (protoevents runtime) v") {
+		t.Errorf("--version: exit %d, %q", code, out)
+	}
 	for _, c := range commands {
 		if !strings.Contains(out, "  "+c.name) {
 			t.Errorf("help does not list %s:\n%s", c.name, out)
@@ -60,6 +63,9 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		{[]string{"migrate", "--bogus"}, 2, "flag provided but not defined: -bogus"},
 		{[]string{"migrate", "--database-url", "postgres://x", "--only", "both"}, 2, "--only must be outbox or consumer"},
 		{[]string{"compat"}, 2, ""},
+		{[]string{"migrate", "extra", "--database-url", "postgres://x"}, 2, `unexpected argument "extra"`},
+		{[]string{"outbox", "status", "extra", "--json"}, 2, `unexpected argument "extra"`},
+		{[]string{"relay", "--database-url", "postgres://x", "--brokers", "b:9092", "--batch", "0"}, 2, "--batch 0: want 1..10000"},
 	}
 	for _, c := range cases {
 		code, _, errOut := cli(t, nil, c.args...)
@@ -82,9 +88,9 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		if c.name == "topics" {
 			args = []string{"topics", "create", "-h"}
 		}
-		code, _, errOut := cli(t, nil, args...)
-		if code != 0 || !strings.Contains(strings.ToLower(errOut), "usage:") {
-			t.Errorf("eventsctl %s: exit %d, help %q", strings.Join(args, " "), code, errOut)
+		code, out, _ := cli(t, nil, args...)
+		if code != 0 || !strings.Contains(strings.ToLower(out), "usage:") {
+			t.Errorf("eventsctl %s: exit %d, help on stdout %q", strings.Join(args, " "), code, out)
 		}
 	}
 }
@@ -146,6 +152,9 @@ func TestDemoPoisonRedrive(t *testing.T) {
 		!strings.Contains(out, `no carrier serves country "ZZ"`) || !strings.Contains(out, ordersv1.OrderPlacedTopic+"/") {
 		t.Fatalf("dlq list: exit %d\n%s%s", code, out, errOut)
 	}
+	if code, _, errOut := cli(t, env, "dlq", "list", "--topic", "never.seen.dlq"); code != 1 || !strings.Contains(errOut, "DLQ topic never.seen.dlq does not exist") {
+		t.Fatalf("dlq list of a missing topic: exit %d, %q", code, errOut)
+	}
 	e := rep.DLQEntries[0]
 	code, out, errOut = cli(t, env, "dlq", "show", "--topic", ordersv1.OrderPlacedDLQTopic, "--partition", itoa(e.Partition), "--offset", itoa(int(e.Offset)))
 	if code != 0 || !strings.Contains(out, "dlq_error: ") || !strings.Contains(out, `"event_id":"`+e.EventID+`"`) {
@@ -156,7 +165,7 @@ func TestDemoPoisonRedrive(t *testing.T) {
 	}
 	// Pruning below the retention floor is refused; above it, the fresh
 	// dedup rows are kept.
-	if code, _, errOut := cli(t, env, "prune", "--older-than", "1h"); code != 1 || !strings.Contains(errOut, "floor") {
+	if code, _, errOut := cli(t, env, "prune", "--older-than", "1h"); code != 2 || !strings.Contains(errOut, "--older-than 1h0m0s is below --retention-floor 168h0m0s") {
 		t.Fatalf("prune below the floor: exit %d, stderr %q", code, errOut)
 	}
 	if code, out, errOut := cli(t, env, "prune", "--older-than", "1h", "--retention-floor", "1m"); code != 0 || !strings.Contains(out, "pruned 0 dedup rows") {

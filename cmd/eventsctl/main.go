@@ -64,6 +64,9 @@ func main() {
 // run executes one command line and returns the exit code: 0 success, 1
 // failure, 2 usage error (and, for compat, 1 means breaking changes).
 func run(ctx context.Context, env *cliEnv, args []string) int {
+	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version") {
+		args = []string{"version"}
+	}
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		if len(args) > 1 {
 			return run(ctx, env, []string{args[1], "-h"})
@@ -125,30 +128,56 @@ Run "eventsctl <command> -h" for a command's flags.
 }
 
 // newFlags returns a flag set for a subcommand whose help lists the usage
-// line, a description and every flag.
-func newFlags(env *cliEnv, name, usage, desc string) *flag.FlagSet {
+// line, a description and every flag. Asked-for help goes to stdout, the
+// usage after a mistake to stderr.
+func newFlags(env *cliEnv, name, usage, desc string) *cmdFlags {
 	fs := flag.NewFlagSet("eventsctl "+name, flag.ContinueOnError)
 	fs.SetOutput(env.stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(env.stderr, "Usage: eventsctl %s %s\n\n%s\n\nFlags:\n", name, usage, strings.TrimSpace(desc))
+		fmt.Fprintf(fs.Output(), "Usage: eventsctl %s %s\n\n%s\n\nFlags:\n", name, usage, strings.TrimSpace(desc))
 		fs.PrintDefaults()
 	}
-	return fs
+	return &cmdFlags{FlagSet: fs, help: env.stdout}
 }
 
-// parse parses args, turning flag errors into usage errors.
-func parse(fs *flag.FlagSet, args []string) error {
+// cmdFlags is a subcommand's flag set and where its asked-for help goes.
+type cmdFlags struct {
+	*flag.FlagSet
+	help io.Writer
+}
+
+// parse parses args, turning flag errors into usage errors. Positional
+// arguments are refused: every input is a flag, so a stray word is a
+// mistake (and would make the flag package ignore the flags after it).
+func parse(fs *cmdFlags, args []string) error {
+	for _, a := range args {
+		if a == "-h" || a == "-help" || a == "--help" {
+			fs.SetOutput(fs.help)
+			fs.Usage()
+			return flag.ErrHelp
+		}
+	}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}
 		return fmt.Errorf("%w: %v", errUsage, err)
 	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("%w: unexpected argument %q (every input is a flag; see -h)", errUsage, fs.Arg(0))
+	}
 	return nil
 }
 
+// flagGiven reports whether the flag was set on the command line.
+func flagGiven(fs *cmdFlags, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
+}
+
 // dbFlag registers --database-url with its environment defaults.
-func dbFlag(fs *flag.FlagSet, env *cliEnv) *string {
+func dbFlag(fs *cmdFlags, env *cliEnv) *string {
 	def := env.getenv("PROTOEVENTS_DATABASE_URL")
 	if def == "" {
 		def = env.getenv("DATABASE_URL")
@@ -157,7 +186,7 @@ func dbFlag(fs *flag.FlagSet, env *cliEnv) *string {
 }
 
 // brokersFlag registers --brokers with its environment default.
-func brokersFlag(fs *flag.FlagSet, env *cliEnv) *string {
+func brokersFlag(fs *cmdFlags, env *cliEnv) *string {
 	return fs.String("brokers", env.getenv("PROTOEVENTS_KAFKA_BROKERS"), "comma-separated Kafka brokers host:port (env PROTOEVENTS_KAFKA_BROKERS)")
 }
 

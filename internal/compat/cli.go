@@ -26,7 +26,7 @@ const (
 	ExitError = 2
 )
 
-const cliUsage = `usage: protoc-gen-events compat --against <baseline> [--lock <file> | --image <file>] [--buf <path>]
+const cliUsage = `usage: %s compat --against <baseline> [--lock <file> | --image <file>] [--buf <path>]
 
 Checks the current event schemas against a baseline and prints one line per
 breaking change: file:line:col: RULE_ID: message (fix: ...).
@@ -52,9 +52,17 @@ Exit status: 0 compatible, 1 breaking changes found, 2 usage or input error.
 // files are built by running buf, so a git ref baseline needs buf on PATH (or
 // --buf) and, in CI, a clone with that ref fetched.
 func RunCLI(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	flags := flag.NewFlagSet("protoc-gen-events compat", flag.ContinueOnError)
+	prog := filepath.Base(os.Args[0]) // protoc-gen-events or eventsctl
+	flags := flag.NewFlagSet(prog+" compat", flag.ContinueOnError)
 	flags.SetOutput(stderr)
-	flags.Usage = func() { fmt.Fprint(stderr, cliUsage) }
+	usageTo := func(w io.Writer) { fmt.Fprintf(w, cliUsage, prog) }
+	flags.Usage = func() { usageTo(stderr) }
+	for _, a := range args {
+		if a == "-h" || a == "-help" || a == "--help" {
+			usageTo(stdout) // asked for: stdout
+			return ExitOK
+		}
+	}
 	against := flags.String("against", "", "baseline")
 	lockFile := flags.String("lock", "", "current schemas as an events.lock file")
 	imageFile := flags.String("image", "", "current schemas as a buf image file")

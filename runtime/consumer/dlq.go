@@ -193,9 +193,9 @@ func ListDLQ(ctx context.Context, brokers []string, dlqTopic string, opts ...DLQ
 	if len(brokers) == 0 {
 		return nil, errors.New("consumer: list DLQ: no brokers")
 	}
-	parts, err := s.dialer.LookupPartitions(ctx, "tcp", brokers[0], dlqTopic)
+	parts, err := partitionsOf(ctx, s, brokers, dlqTopic)
 	if err != nil {
-		return nil, fmt.Errorf("consumer: list DLQ %s: partitions: %w", dlqTopic, err)
+		return nil, fmt.Errorf("consumer: list DLQ %s: %w", dlqTopic, err)
 	}
 	slices.SortFunc(parts, func(a, b kafka.Partition) int { return a.ID - b.ID })
 	var out []DLQEntry
@@ -214,6 +214,35 @@ func ListDLQ(ctx context.Context, brokers []string, dlqTopic string, opts ...DLQ
 		out = append(out, got...)
 	}
 	return out, nil
+}
+
+// ErrNoTopic reports a topic the cluster does not have.
+var ErrNoTopic = errors.New("no such topic")
+
+// partitionsOf returns the partitions of topic without ever creating it
+// (a metadata request that does not allow auto-creation), so a mistyped DLQ
+// name is an error rather than a new, empty topic.
+func partitionsOf(ctx context.Context, s dlqSettings, brokers []string, topic string) ([]kafka.Partition, error) {
+	transport := transportFor(s.dialer)
+	defer transport.CloseIdleConnections()
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: transport, Timeout: 30 * time.Second}
+	md, err := cl.Metadata(ctx, &kafka.MetadataRequest{Topics: []string{topic}})
+	if err != nil {
+		return nil, fmt.Errorf("metadata: %w", err)
+	}
+	for _, t := range md.Topics {
+		if t.Name != topic {
+			continue
+		}
+		if errors.Is(t.Error, kafka.UnknownTopicOrPartition) {
+			return nil, ErrNoTopic
+		}
+		if t.Error != nil {
+			return nil, fmt.Errorf("metadata: %w", t.Error)
+		}
+		return t.Partitions, nil
+	}
+	return nil, ErrNoTopic
 }
 
 // partitionBounds returns the first and the high-watermark offset.

@@ -127,3 +127,26 @@ func TestCommitWithLostAckIsNotAFailure(t *testing.T) {
 			lost.Load(), dead.get(), retries.get(), query(t, b.pool, `SELECT count(*) FROM effects`))
 	}
 }
+
+// TestListDLQDoesNotCreateTopics: listing a DLQ that does not exist (a
+// typo) is an error, and the topic is still absent afterwards, even on a
+// broker that creates topics on demand.
+func TestListDLQDoesNotCreateTopics(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	missing := b.topic + ".typo-dlq"
+	for i := 0; i < 2; i++ {
+		if _, err := ListDLQ(ctx, b.kafka.Brokers, missing); !errors.Is(err, ErrNoTopic) {
+			t.Fatalf("ListDLQ of a missing topic (round %d): %v, want ErrNoTopic", i+1, err)
+		}
+	}
+	if _, err := Redrive(ctx, b.kafka.Brokers, missing, SelectAll()); !errors.Is(err, ErrNoTopic) {
+		t.Fatalf("Redrive from a missing topic: %v, want ErrNoTopic", err)
+	}
+	// The existing, empty DLQ lists as empty.
+	if entries, err := ListDLQ(ctx, b.kafka.Brokers, b.d.DLQTopic); err != nil || len(entries) != 0 {
+		t.Fatalf("ListDLQ of the empty DLQ: %v, %v", entries, err)
+	}
+}

@@ -32,8 +32,9 @@ func schemaOptions(opts []Option) (schemaConfig, tableName, error) {
 // brings them up to date. It is idempotent and safe to run from several
 // processes at once: the work happens in one transaction holding an
 // advisory lock. An unqualified table goes in the first schema of the
-// search_path. The lane count (WithLanes) is fixed at creation; asking for
-// another one for an existing table is an error.
+// search_path. The lane count (WithLanes, default 16) is fixed at creation:
+// without WithLanes an existing table keeps its count, and asking for
+// another one is an error.
 func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
 	c, t, err := schemaOptions(opts)
 	if err != nil {
@@ -62,6 +63,8 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
 	case errors.Is(err, ErrNoTable):
 	case err != nil:
 		return fmt.Errorf("outbox: migrate: %w", err)
+	case !c.lanesSet:
+		c.lanes = existing.lanes // keep what the table was created with
 	case existing.lanes != c.lanes:
 		return fmt.Errorf("outbox: migrate %s: table has %d lanes, asked for %d; the lane count cannot change in place", qualified, existing.lanes, c.lanes)
 	}

@@ -110,6 +110,17 @@ func TestMigrateQualifiedTableAndLanes(t *testing.T) {
 	if st.Table != tbl || st.Lanes != 4 {
 		t.Fatalf("status: %+v", st)
 	}
+	// Re-running without WithLanes (every deploy) keeps the 4 lanes;
+	// asking for another count is refused.
+	if err := Migrate(ctx, pool, WithTable(tbl)); err != nil {
+		t.Fatalf("migrate again without WithLanes: %v", err)
+	}
+	if st, err := Status(ctx, pool, WithTable(tbl)); err != nil || st.Lanes != 4 {
+		t.Fatalf("lanes after a plain re-migrate: %+v, %v", st, err)
+	}
+	if err := Migrate(ctx, pool, WithTable(tbl), WithLanes(8)); err == nil || !strings.Contains(err.Error(), "table has 4 lanes, asked for 8") {
+		t.Fatalf("a different lane count: %v", err)
+	}
 	if _, err := Status(ctx, pool); !errors.Is(err, ErrNoTable) {
 		t.Fatalf("the default table was not created, want ErrNoTable, got %v", err)
 	}

@@ -20,9 +20,10 @@ type WriterOption interface{ applyWriter(*writerConfig) }
 type RelayOption interface{ applyRelay(*relayConfig) }
 
 type schemaConfig struct {
-	table string
-	lanes int
-	err   error
+	table    string
+	lanes    int
+	lanesSet bool // WithLanes was given: an existing table must match
+	err      error
 }
 
 type writerConfig struct {
@@ -70,14 +71,14 @@ func (f schemaFunc) applySchema(c *schemaConfig) { f(c) }
 // WithLanes sets the number of key-hash lanes of a new outbox table
 // (default 16): the most relay instances that can share the work. It is
 // fixed when the table is created; Migrate refuses a different number for an
-// existing table.
+// existing table, and without WithLanes keeps the existing table's count.
 func WithLanes(n int) Option {
 	return schemaFunc(func(c *schemaConfig) {
 		if n < 1 || n > maxLanes {
 			c.err = fmt.Errorf("outbox: lanes %d out of range 1..%d", n, maxLanes)
 			return
 		}
-		c.lanes = n
+		c.lanes, c.lanesSet = n, true
 	})
 }
 
