@@ -13,6 +13,7 @@ package outbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"unicode/utf8"
 
@@ -52,6 +53,10 @@ func NewWriter(opts ...WriterOption) (*Writer, error) {
 }
 
 // row is one encoded event, ready to insert.
+// ErrEmptyKey is returned for an event whose key field is unset or empty:
+// every event needs its key, which decides its partition and so its order.
+var ErrEmptyKey = errors.New("empty event key")
+
 type row struct {
 	id               events.EventID
 	eventType, topic string
@@ -80,8 +85,10 @@ func (w *Writer) encode(ev events.Event, po events.PublishOptions) (row, error) 
 		return row{}, fmt.Errorf("outbox: write %s %s: %w", d.Type, env.EventID, err)
 	}
 	key := env.Key
-	if key == nil {
-		key = []byte{}
+	if len(key) == 0 {
+		// The key orders the event among its kind on Kafka; without one every
+		// such event would share a partition and no order would mean much.
+		return row{}, fmt.Errorf("outbox: write %s: %w (key field %q is unset or empty)", d.Type, ErrEmptyKey, d.KeyPath)
 	}
 	return row{id: env.EventID, eventType: env.Type, topic: d.Topic, key: key, value: value, headers: h}, nil
 }

@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -135,6 +136,12 @@ func TestWriterRefusesBadInput(t *testing.T) {
 	}
 	if _, err := w.Write(ctx, tx, newEvent(&events.Descriptor{Type: "x"}, "a", 0)); err == nil || !strings.Contains(err.Error(), "no topic") {
 		t.Fatalf("event without topic: %v", err)
+	}
+	if _, err := w.Write(ctx, tx, newEvent(d, "", 0)); !errors.Is(err, ErrEmptyKey) || !strings.Contains(err.Error(), `key field "key" is unset or empty`) {
+		t.Fatalf("event with an empty key: %v", err)
+	}
+	if _, err := w.WriteBatch(ctx, tx, []events.Event{newEvent(d, "a", 0), newEvent(d, "", 1)}); !errors.Is(err, ErrEmptyKey) || !strings.Contains(err.Error(), "event 1") {
+		t.Fatalf("batch with an empty key: %v", err)
 	}
 	if ids, err := w.WriteBatch(ctx, tx, nil); err != nil || ids != nil {
 		t.Fatalf("empty batch: %v %v", ids, err)
