@@ -56,6 +56,11 @@ func CheckGeneration(p *protogen.Plugin, lockPath string) error {
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
 		prev = nil
+		// Said on every run that finds no lock, so a misconfiguration (the
+		// lock written under an out directory other than where it is read)
+		// shows instead of silently disabling the check.
+		abs, _ := filepath.Abs(lockPath)
+		fmt.Fprintf(os.Stderr, "protoc-gen-events: no lock at %s: writing a new one (first run); if this repeats on every run, the plugin's out is not the directory buf runs in: use out: . with module=\n", abs)
 	case err != nil:
 		return fmt.Errorf("compat: read lock: %w", err)
 	default:
