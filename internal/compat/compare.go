@@ -330,10 +330,15 @@ func (c *comparer) message(name, event string, path []string) {
 				fmt.Sprintf("field %s (%s): presence changed from %s to %s", fq, ctx, of.Presence, nf.Presence),
 				fmt.Sprintf("restore %s presence; %s", of.Presence, newVersionFix(ev)))
 		}
-		if of.Default != nf.Default {
+		if defaultChanged(of, nf) {
+			restore := fmt.Sprintf("restore default %q", of.Default)
+			if of.Type == "enum" && nf.Type == "enum" && of.Default != "" {
+				restore = fmt.Sprintf("restore default %q (set [default = %s] on the field, or declare %s first in %s again)",
+					of.Default, of.Default, of.Default, nf.TypeName)
+			}
 			c.add(RuleFieldDefaultChanged, file, line, col,
 				fmt.Sprintf("field %s (%s): default changed from %q to %q", fq, ctx, of.Default, nf.Default),
-				fmt.Sprintf("restore default %q; %s", of.Default, newVersionFix(ev)))
+				fmt.Sprintf("%s; %s", restore, newVersionFix(ev)))
 		}
 		if typeSame && of.TypeName != "" {
 			children = append(children, child{of.TypeName, of.Name, of.Type == "enum"})
@@ -576,4 +581,23 @@ func contains(ss []string, s string) bool {
 		}
 	}
 	return false
+}
+
+// defaultChanged reports whether the effective default of a field differs
+// between the old and the new lock. Scalar defaults are compared with zero
+// values folded to "" (locks written before that normalisation may record
+// `[default = 0]` as "0"). An enum field with no default in the old lock but
+// one in the new is not reported: locks written before closed-enum defaults
+// were recorded left them empty, and a lock written since leaves a field's
+// enum default empty only when the enum is open, whose default (the value
+// numbered 0) cannot change by reordering.
+func defaultChanged(of, nf Field) bool {
+	od, nd := normalizeDefault(of.Type, of.Default), normalizeDefault(nf.Type, nf.Default)
+	if od == nd {
+		return false
+	}
+	if of.Type == "enum" && nf.Type == "enum" && od == "" {
+		return false
+	}
+	return true
 }

@@ -107,8 +107,14 @@ type Field struct {
 	Presence string `json:"presence,omitempty"`
 	// Oneof is the name of the (non-synthetic) oneof the field belongs to.
 	Oneof string `json:"oneof,omitempty"`
-	// Default is the explicit default value (proto2/editions), in
-	// descriptor text form.
+	// Default is the field's effective default value wherever readers can
+	// observe it, in descriptor text form: the explicit default
+	// (proto2/editions), or, for a singular field of a closed enum with
+	// explicit presence, the enum's first declared value when there is no
+	// explicit default (reordering such an enum changes what an unset field
+	// reads as). Empty when the default is the zero value of a scalar type
+	// (0, false, empty), which needs no recording, and for open enums, whose
+	// default is always the value numbered 0.
 	Default string `json:"default,omitempty"`
 }
 
@@ -284,9 +290,7 @@ func (l *Lock) addMessage(md protoreflect.MessageDescriptor, seen map[protorefle
 		if od := fd.ContainingOneof(); od != nil && !od.IsSynthetic() {
 			f.Oneof = string(od.Name())
 		}
-		if fd.HasDefault() {
-			f.Default = protodesc.ToFieldDescriptorProto(fd).GetDefaultValue()
-		}
+		f.Default = effectiveDefault(fd)
 		m.Fields = append(m.Fields, f)
 	}
 	l.Messages = append(l.Messages, m)
@@ -298,6 +302,53 @@ func (l *Lock) addMessage(md protoreflect.MessageDescriptor, seen map[protorefle
 			l.addEnum(d, seen)
 		}
 	}
+}
+
+// effectiveDefault is the default value of fd that the lock records (see
+// Field.Default).
+func effectiveDefault(fd protoreflect.FieldDescriptor) string {
+	if fd.Cardinality() == protoreflect.Repeated {
+		return ""
+	}
+	if fd.Kind() == protoreflect.EnumKind {
+		if !fd.HasDefault() && (!fd.HasPresence() || !fd.Enum().IsClosed()) {
+			return ""
+		}
+		// Some descriptor implementations (protocompile's) give no
+		// DefaultEnumValue for an implicit default; Default's number then
+		// names the first declared value.
+		v := fd.DefaultEnumValue()
+		if v == nil {
+			v = fd.Enum().Values().ByNumber(fd.Default().Enum())
+		}
+		if v == nil {
+			return ""
+		}
+		return string(v.Name())
+	}
+	if !fd.HasDefault() {
+		return ""
+	}
+	return normalizeDefault(fd.Kind().String(), protodesc.ToFieldDescriptorProto(fd).GetDefaultValue())
+}
+
+// normalizeDefault maps a recorded default of a field of the given kind to
+// "" when it is the kind's zero value, which is what a field without an
+// explicit default has: `[default = 0]` and no default read the same.
+func normalizeDefault(kind, v string) string {
+	switch kind {
+	case "string", "bytes", "enum", "message", "group":
+		return v
+	case "bool":
+		if v == "false" {
+			return ""
+		}
+	default: // numeric kinds; "-0" is a distinct float default and stays
+		if v == "0" {
+			return ""
+		}
+	}
+	return v
 }
 
 // addEnum records ed once.

@@ -28,6 +28,14 @@ func TestCompareLocks(t *testing.T) {
 		f := Field{Name: "s", Number: 2, JSONName: "s", Label: "singular", Type: "enum", TypeName: "p.S", Presence: "implicit"}
 		return lockWith(Message{Name: "p.E", File: "p.proto", Fields: []Field{str("id", 1), f}}, e)
 	}
+	withDefault := func(kind, typeName, def string) *Lock {
+		f := Field{Name: "s", Number: 2, JSONName: "s", Label: "singular", Type: kind, TypeName: typeName, Presence: "explicit", Default: def}
+		var enums []Enum
+		if kind == "enum" {
+			enums = append(enums, status(EnumValue{"S_A", 1}, EnumValue{"S_B", 2}))
+		}
+		return lockWith(Message{Name: "p.E", File: "p.proto", Fields: []Field{str("id", 1), f}}, enums...)
+	}
 	for _, tc := range []struct {
 		name     string
 		old, new *Lock
@@ -79,6 +87,50 @@ func TestCompareLocks(t *testing.T) {
 				l.Events[0].DLQTopic = "x"
 				return l
 			}(),
+		},
+		{
+			// Locks written before closed-enum defaults were recorded
+			// leave them empty; upgrading must not report every such field.
+			name: "closed enum default first recorded",
+			old:  withDefault("enum", "p.S", ""),
+			new:  withDefault("enum", "p.S", "S_A"),
+		},
+		{
+			name:     "closed enum default changed",
+			old:      withDefault("enum", "p.S", "S_A"),
+			new:      withDefault("enum", "p.S", "S_B"),
+			want:     []string{RuleFieldDefaultChanged},
+			contains: `declare S_A first in p.S`,
+		},
+		{
+			name:     "closed enum default dropped",
+			old:      withDefault("enum", "p.S", "S_A"),
+			new:      withDefault("enum", "p.S", ""),
+			want:     []string{RuleFieldDefaultChanged},
+			contains: `default changed from "S_A" to ""`,
+		},
+		{
+			// Older locks recorded an explicit [default = 0] as "0".
+			name: "explicit zero default recorded by an older lock",
+			old:  withDefault("int32", "", "0"),
+			new:  withDefault("int32", "", ""),
+		},
+		{
+			name: "explicit false default recorded by an older lock",
+			old:  withDefault("bool", "", "false"),
+			new:  withDefault("bool", "", ""),
+		},
+		{
+			name: "string default \"0\" is not the zero value",
+			old:  withDefault("string", "", "0"),
+			new:  withDefault("string", "", ""),
+			want: []string{RuleFieldDefaultChanged},
+		},
+		{
+			name: "float default -0 is not the zero value",
+			old:  withDefault("float", "", ""),
+			new:  withDefault("float", "", "-0"),
+			want: []string{RuleFieldDefaultChanged},
 		},
 		{
 			name:     "event file missing from the request",

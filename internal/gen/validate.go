@@ -3,6 +3,7 @@ package gen
 import (
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 	"unicode"
 
@@ -70,7 +71,9 @@ func buildModel(p *protogen.Plugin) ([]*file, error) {
 			validateEvent(&errs, ev, byName, eventByName)
 		}
 	}
+	checkSupersedesCycles(&errs, all, eventByName)
 	checkTopicClashes(&errs, all)
+	checkDLQClashes(&errs, all)
 	checkNameClashes(&errs, p, files)
 	if err := errs.err(); err != nil {
 		return nil, err
@@ -131,7 +134,48 @@ func validateEvent(errs *errorList, ev *event, byName map[protoreflect.FullName]
 			errs.add(m, fmt.Sprintf("supersedes %q names a message that is not an event (declared at %s)", s, where(target)),
 				"name a message that has the (events.v1.event) option")
 		default:
-			ev.supersedes = eventByName[name]
+			old := eventByName[name]
+			ev.supersedes = old
+			if ov, nv := old.opts.GetVersion(), o.GetVersion(); ov != 0 && nv != 0 && nv <= ov {
+				errs.add(m, fmt.Sprintf("supersedes %q, which is at version %d (declared at %s), but this event is at version %d",
+					s, ov, where(target), nv),
+					fmt.Sprintf("the superseding event must have the higher version: set version to %d or more here, or let %s supersede this event instead", ov+1, name))
+			}
+		}
+	}
+}
+
+// checkSupersedesCycles reports events whose supersedes chain leads back to
+// themselves (A supersedes B supersedes A, of any length): there is no oldest
+// event to migrate from, and the generated packages would import each other.
+// Each generated event on the cycle gets an error; events whose chain only
+// runs into a cycle are left to the cycle's own errors. Supersedes naming the
+// event itself is reported by validateEvent.
+func checkSupersedesCycles(errs *errorList, all []*event, eventByName map[protoreflect.FullName]*event) {
+	next := func(ev *event) *event {
+		name := protoreflect.FullName(strings.TrimPrefix(ev.opts.GetSupersedes(), "."))
+		if name == "" || name == ev.msg.Desc.FullName() {
+			return nil
+		}
+		return eventByName[name]
+	}
+	for _, ev := range all {
+		if !ev.generate {
+			continue
+		}
+		path := []string{string(ev.msg.Desc.FullName())}
+		seen := map[*event]bool{ev: true}
+		for cur := next(ev); cur != nil; cur = next(cur) {
+			path = append(path, string(cur.msg.Desc.FullName()))
+			if cur == ev {
+				errs.add(ev.msg, fmt.Sprintf("supersedes %q makes a cycle: %s", ev.opts.GetSupersedes(), strings.Join(path, " supersedes ")),
+					"supersedes must point from a newer event to an older one; drop supersedes from the oldest event (the lowest version)")
+				break
+			}
+			if seen[cur] {
+				break // a cycle that ev only leads into
+			}
+			seen[cur] = true
 		}
 	}
 }
@@ -348,6 +392,57 @@ func checkTopicClashes(errs *errorList, all []*event) {
 			if len(other) > 0 {
 				errs.add(ev.msg, fmt.Sprintf("topic %q is also used by %s", topic, strings.Join(other, ", ")),
 					"publish each version on its own topic (e.g. ending in .v2) and mark the new one supersedes the old")
+			}
+		}
+	}
+}
+
+// effectiveDLQ is the dead-letter topic of ev: dlq_topic, or "<topic>.dlq"
+// when it is unset. validateEvent resolves it only for events being
+// generated, so imported events get it computed here.
+func effectiveDLQ(ev *event) string {
+	if ev.dlqTopic != "" {
+		return ev.dlqTopic
+	}
+	if d := ev.opts.GetDlqTopic(); d != "" {
+		return d
+	}
+	return ev.opts.GetTopic() + dlqSuffix
+}
+
+// checkDLQClashes reports dead-letter topics that are another event's topic:
+// consumers of that topic would decode the dead letters as events of their
+// own type. Both sides get an error when generated. Several events sharing
+// one dead-letter topic is fine (e.g. one "orders.dead-letters"), and a DLQ
+// equal to the event's own topic is reported by validateEvent.
+func checkDLQClashes(errs *errorList, all []*event) {
+	byTopic := map[string][]*event{}
+	for _, ev := range all {
+		if ev.opts.GetTopic() == "" || ev.opts.GetVersion() == 0 {
+			continue
+		}
+		byTopic[ev.opts.GetTopic()] = append(byTopic[ev.opts.GetTopic()], ev)
+	}
+	for _, ev := range all {
+		if ev.opts.GetTopic() == "" || ev.opts.GetVersion() == 0 {
+			continue
+		}
+		dlq := effectiveDLQ(ev)
+		kind := "dlq_topic"
+		if ev.opts.GetDlqTopic() == "" {
+			kind = "the default dlq_topic"
+		}
+		for _, o := range byTopic[dlq] {
+			if o == ev {
+				continue
+			}
+			if ev.generate {
+				errs.add(ev.msg, fmt.Sprintf("%s %q is the topic of event %s (%s)", kind, dlq, o.msg.Desc.FullName(), where(o.msg)),
+					"give the dead-letter queue a topic no event is published to; consumers of "+strconv.Quote(dlq)+" would read dead letters as "+string(o.msg.Desc.FullName()))
+			}
+			if o.generate {
+				errs.add(o.msg, fmt.Sprintf("topic %q is also the dead-letter topic of event %s (%s)", dlq, ev.msg.Desc.FullName(), where(ev.msg)),
+					"publish the event to a topic that is no event's dead-letter queue, or change "+string(ev.msg.Desc.FullName())+"'s dlq_topic")
 			}
 		}
 	}
