@@ -199,15 +199,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	// The relay: the first instance crashes after its second published
 	// batch, before marking it; a second instance takes over and re-sends.
 	relayMetrics := outbox.Metrics{Published: func(n int) { cnt.published.Add(int64(n)) }}
+	ropts := []outbox.RelayOption{outbox.WithBatchSize(50), outbox.WithLogger(cfg.Log), outbox.WithMetrics(relayMetrics)}
 	batches := 0
-	crashing, err := outbox.NewRelay(cfg.DB, cfg.Brokers, outbox.WithBatchSize(50), outbox.WithLogger(cfg.Log),
-		outbox.WithMetrics(relayMetrics),
+	crashing, err := outbox.NewRelay(cfg.DB, cfg.Brokers, append(ropts,
 		outbox.WithHooks(outbox.Hooks{AfterPublish: func(ctx context.Context, rows []outbox.Row) error {
 			if batches++; batches == 2 {
 				return errors.New("demo: relay crash between publish and mark")
 			}
 			return nil
-		}}))
+		}}))...)
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +215,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	go func() {
 		defer wg.Done()
 		superviseOnce(runCtx, cfg.Progress, "relay", &rep.RelayCrashes, crashing, func() (runner, error) {
-			return outbox.NewRelay(cfg.DB, cfg.Brokers, outbox.WithBatchSize(50), outbox.WithLogger(cfg.Log), outbox.WithMetrics(relayMetrics))
+			return outbox.NewRelay(cfg.DB, cfg.Brokers, ropts...)
 		}, errc)
 	}()
 
