@@ -74,6 +74,7 @@ func buildModel(p *protogen.Plugin) ([]*file, error) {
 	checkSupersedesCycles(&errs, all, eventByName)
 	checkTopicClashes(&errs, all)
 	checkDLQClashes(&errs, all)
+	checkKafkaNameCollisions(&errs, all)
 	checkNameClashes(&errs, p, files)
 	if err := errs.err(); err != nil {
 		return nil, err
@@ -443,6 +444,42 @@ func checkDLQClashes(errs *errorList, all []*event) {
 			if o.generate {
 				errs.add(o.msg, fmt.Sprintf("topic %q is also the dead-letter topic of event %s (%s)", dlq, ev.msg.Desc.FullName(), where(ev.msg)),
 					"publish the event to a topic that is no event's dead-letter queue, or change "+string(ev.msg.Desc.FullName())+"'s dlq_topic")
+			}
+		}
+	}
+}
+
+// checkKafkaNameCollisions reports topics that differ only in '.' versus
+// '_': Kafka maps both to '_' in its metric names and refuses to create the
+// second of two such topics, so the second event could never be published.
+// Event topics and effective DLQ topics both count.
+func checkKafkaNameCollisions(errs *errorList, all []*event) {
+	type use struct {
+		topic string
+		ev    *event
+	}
+	byFolded := map[string][]use{}
+	for _, ev := range all {
+		if ev.opts.GetTopic() == "" || ev.opts.GetVersion() == 0 {
+			continue
+		}
+		for _, t := range []string{ev.opts.GetTopic(), effectiveDLQ(ev)} {
+			f := strings.ReplaceAll(t, ".", "_")
+			byFolded[f] = append(byFolded[f], use{t, ev})
+		}
+	}
+	for _, uses := range byFolded {
+		for _, u := range uses {
+			if !u.ev.generate {
+				continue
+			}
+			for _, o := range uses {
+				if o.topic == u.topic {
+					continue
+				}
+				errs.add(u.ev.msg, fmt.Sprintf("topic %q collides in Kafka with %q of %s (%s): names that differ only in '.' and '_' cannot coexist", u.topic, o.topic, o.ev.msg.Desc.FullName(), where(o.ev.msg)),
+					"rename one of them so they differ in more than '.' versus '_'")
+				break
 			}
 		}
 	}
