@@ -16,7 +16,8 @@
 //
 // # Failures
 //
-// A handler error or panic rolls the transaction back and is retried with
+// A handler error or panic, or an attempt that outlives WithAttemptTimeout
+// (default one minute), rolls the transaction back and is retried with
 // exponential backoff and jitter, up to WithMaxAttempts (default 5). Errors
 // wrapped with Permanent, envelopes that do not decode, another event type
 // and a schema_version newer than the descriptor's are not retried. Then the

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	events "github.com/protoevents/protoevents/runtime"
 	"github.com/protoevents/protoevents/runtime/envelope"
 	"github.com/protoevents/protoevents/runtime/topics"
@@ -148,5 +150,30 @@ func TestListDLQDoesNotCreateTopics(t *testing.T) {
 	// The existing, empty DLQ lists as empty.
 	if entries, err := ListDLQ(ctx, b.kafka.Brokers, b.d.DLQTopic); err != nil || len(entries) != 0 {
 		t.Fatalf("ListDLQ of the empty DLQ: %v, %v", entries, err)
+	}
+}
+
+// TestStuckHandlerTimesOutToTheDLQ: a handler that never returns on its own
+// (it waits for its context) is cut off by the attempt timeout, retried, and
+// dead-lettered; the partition then goes on.
+func TestStuckHandlerTimesOutToTheDLQ(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	b.produce(t, message(t, b.event(t, "k", 0), nil), message(t, b.event(t, "k", 1), nil))
+	h := Bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
+		if ev.Seq() == 0 {
+			<-ctx.Done() // stuck, e.g. on a lock, until the deadline
+			return ctx.Err()
+		}
+		return b.handler("stuck", nil).Handle(ctx, tx, meta, ev)
+	})
+	start(t, b.newConsumer(t, "stuck", h, WithAttemptTimeout(200*time.Millisecond), WithMaxAttempts(2)))
+	entries := b.dlqEntries(t, 1, 20*time.Second)
+	if e := entries[0]; e.Attempts != 2 || !strings.Contains(e.Error, "attempt timed out after 200ms") {
+		t.Fatalf("DLQ entry: %d attempts, error %q", e.Attempts, e.Error)
+	}
+	b.effectsAtLeast(t, 1, 20*time.Second)
+	if _, err := New(Config{Name: "x", Brokers: []string{"b:1"}, DB: b.pool}, h, WithAttemptTimeout(-time.Second)); err == nil {
+		t.Fatal("a negative attempt timeout was accepted")
 	}
 }

@@ -22,6 +22,9 @@ const (
 	DefaultRetentionFloor = 7 * 24 * time.Hour
 	// DefaultMaxErrorBytes bounds the error text put in the DLQ header.
 	DefaultMaxErrorBytes = 4 << 10
+	// DefaultAttemptTimeout bounds one attempt: dedup insert, handler and
+	// commit, so a stuck handler cannot hold its partition forever.
+	DefaultAttemptTimeout = time.Minute
 )
 
 // settings are the optional knobs, shared by New, Migrate and Prune.
@@ -47,6 +50,7 @@ type settings struct {
 	maxErrorBytes  int
 	dialer         *kafka.Dialer
 	tracer         trace.Tracer
+	attemptTimeout time.Duration
 
 	// Test seams, unexported on purpose.
 	afterDBCommit func(kafka.Message) error // a non-nil error aborts Run before the offset is marked
@@ -68,6 +72,7 @@ func defaultSettings() settings {
 		retentionFloor: DefaultRetentionFloor,
 		pruneBatch:     DefaultPruneBatch,
 		maxErrorBytes:  DefaultMaxErrorBytes,
+		attemptTimeout: DefaultAttemptTimeout,
 		maxWait:        250 * time.Millisecond,
 		dialer:         kafka.DefaultDialer,
 		tracer:         otel.GetTracerProvider().Tracer(tracerName),
@@ -245,6 +250,21 @@ func WithPruning(every, olderThan time.Duration) Option {
 			return
 		}
 		c.s.pruneEvery, c.s.pruneOlderThan = every, olderThan
+	}
+}
+
+// WithAttemptTimeout bounds one attempt at a message (dedup insert, handler,
+// commit; default DefaultAttemptTimeout). A timed-out attempt rolls back and
+// counts as a failure, so it is retried and finally dead-lettered: a handler
+// stuck on a lock or a slow dependency cannot block its partition forever.
+// The handler sees the deadline in its context; 0 disables it.
+func WithAttemptTimeout(d time.Duration) Option {
+	return func(c *Consumer) {
+		if d < 0 {
+			c.s.fail("WithAttemptTimeout: negative timeout %s", d)
+			return
+		}
+		c.s.attemptTimeout = d
 	}
 }
 

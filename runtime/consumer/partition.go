@@ -283,9 +283,24 @@ func (c *Consumer) attempt(ctx context.Context, env *envelope.Envelope, d events
 		return false, err
 	}
 	defer release()
-	tx, err := c.cfg.DB.Begin(ctx)
+	// The attempt's own deadline: a handler stuck on a lock or a slow call
+	// fails (and is retried, then dead-lettered) instead of holding its
+	// partition and a transaction forever.
+	actx := ctx
+	if c.s.attemptTimeout > 0 {
+		var cancel context.CancelFunc
+		actx, cancel = context.WithTimeout(ctx, c.s.attemptTimeout)
+		defer cancel()
+	}
+	timedOut := func(err error) error {
+		if ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
+			return fmt.Errorf("consumer: attempt timed out after %s (WithAttemptTimeout): %w", c.s.attemptTimeout, err)
+		}
+		return err
+	}
+	tx, err := c.cfg.DB.Begin(actx)
 	if err != nil {
-		return false, &infraError{fmt.Errorf("consumer: begin: %w", err)}
+		return false, &infraError{timedOut(fmt.Errorf("consumer: begin: %w", err))}
 	}
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
@@ -293,19 +308,19 @@ func (c *Consumer) attempt(ctx context.Context, env *envelope.Envelope, d events
 		_ = tx.Rollback(rctx) // a no-op after Commit
 	}()
 	if !c.s.noDedup {
-		tag, err := tx.Exec(ctx, c.sql.dedup, c.cfg.Name, pgtype.UUID{Bytes: env.EventID, Valid: true})
+		tag, err := tx.Exec(actx, c.sql.dedup, c.cfg.Name, pgtype.UUID{Bytes: env.EventID, Valid: true})
 		if err != nil {
-			return false, &infraError{fmt.Errorf("consumer: dedup insert: %w", err)}
+			return false, &infraError{timedOut(fmt.Errorf("consumer: dedup insert: %w", err))}
 		}
 		if tag.RowsAffected() == 0 {
 			return true, nil
 		}
 	}
 	meta := events.Meta{Metadata: env.Metadata, Delivery: d}
-	if err := c.traceHandler(ctx, tx, meta, ev); err != nil {
-		return false, err
+	if err := c.traceHandler(actx, tx, meta, ev); err != nil {
+		return false, timedOut(err)
 	}
-	err = tx.Commit(ctx)
+	err = tx.Commit(actx)
 	if err == nil && c.s.lostCommitAck != nil {
 		err = c.s.lostCommitAck()
 	}
@@ -316,7 +331,7 @@ func (c *Consumer) attempt(ctx context.Context, env *envelope.Envelope, d events
 		if applied, qerr := c.applied(ctx, env.EventID); qerr == nil && applied {
 			return false, nil
 		}
-		return false, fmt.Errorf("consumer: commit: %w", err)
+		return false, timedOut(fmt.Errorf("consumer: commit: %w", err))
 	}
 	return false, nil
 }
