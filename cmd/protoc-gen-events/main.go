@@ -51,7 +51,11 @@ Usage:
 Plugin parameters (buf.gen.yaml opt, or protoc --events_opt):
   lock=<path>   compare the schemas with the committed snapshot at <path>
                 (e.g. events.lock), fail on breaking changes, and rewrite the
-                snapshot when the change is compatible. Needs strategy: all.`
+                snapshot when the change is compatible. Needs strategy: all.
+                The lock is read relative to where buf runs and written
+                relative to out: with out: . they agree.
+  lock_out=<path> where to write the lock, relative to out, when out is not
+                "." (e.g. out: gen, lock=gen/events.lock, lock_out=events.lock).`
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
@@ -95,6 +99,7 @@ func plugin(stdin io.Reader, stdout io.Writer) error {
 	// Plugin parameters other than protogen's own (module=, paths=, M...).
 	var flags flag.FlagSet
 	lock := flags.String("lock", "", "path of the events.lock snapshot to check against and update")
+	lockOut := flags.String("lock_out", "", "where to write the lock, relative to out (default: the lock path)")
 	p, err := protogen.Options{ParamFunc: flags.Set}.New(req)
 	if err != nil {
 		return err
@@ -104,7 +109,11 @@ func plugin(stdin io.Reader, stdout io.Writer) error {
 	} else if *lock != "" {
 		// Only valid schemas are compared: the compat rules assume the
 		// event options themselves are sound.
-		if err := compat.CheckGeneration(p, *lock); err != nil {
+		out := *lockOut
+		if out == "" {
+			out = *lock
+		}
+		if err := compat.CheckGenerationTo(p, *lock, out); err != nil {
 			p.Error(err)
 		}
 	}

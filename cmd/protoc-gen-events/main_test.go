@@ -202,3 +202,35 @@ func TestCompatSubcommand(t *testing.T) {
 		t.Errorf("compat without --against: exit %d, stderr %q; want 2 and its usage", code, stderr.String())
 	}
 }
+
+// TestLockOutParameter: with out: gen, lock=gen/events.lock reads the lock
+// where lock_out=events.lock makes buf write it, so the check keeps working.
+func TestLockOutParameter(t *testing.T) {
+	t.Chdir(t.TempDir())
+	good := &eventsv1.EventOptions{Topic: "shop.order-placed.v1", Key: "order_id", Version: 1}
+	const param = "lock=gen/events.lock,lock_out=events.lock"
+	resp, _, _ := plug(t, request(good, param))
+	var lock string
+	for _, f := range resp.File {
+		if f.GetName() == "events.lock" {
+			lock = f.GetContent()
+		}
+	}
+	if resp.GetError() != "" || lock == "" {
+		t.Fatalf("first run: error %q, files %v", resp.GetError(), names(resp))
+	}
+	// buf writes it under out (gen/); the next run reads it there.
+	if err := os.MkdirAll("gen", 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile("gen/events.lock", []byte(lock), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	moved := &eventsv1.EventOptions{Topic: "shop.order-placed", Key: "order_id", Version: 1}
+	if resp, _, _ := plug(t, request(moved, param)); !strings.Contains(resp.GetError(), "EVENT_TOPIC_CHANGED") {
+		t.Fatalf("breaking run with lock_out: error %q, want EVENT_TOPIC_CHANGED", resp.GetError())
+	}
+	if resp, _, _ := plug(t, request(good, "lock=events.lock,lock_out=../events.lock")); !strings.Contains(resp.GetError(), "inside the plugin's out directory") {
+		t.Fatalf("lock_out outside out: error %q", resp.GetError())
+	}
+}

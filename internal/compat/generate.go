@@ -34,9 +34,21 @@ import (
 // strategy: all in buf.gen.yaml, or events of other directories are reported
 // as removed.
 func CheckGeneration(p *protogen.Plugin, lockPath string) error {
-	clean := path.Clean(filepath.ToSlash(lockPath))
-	if lockPath == "" || path.IsAbs(clean) || filepath.IsAbs(lockPath) || clean == ".." || strings.HasPrefix(clean, "../") {
-		return fmt.Errorf("compat: lock=%q: want a relative path inside the plugin's out directory, e.g. lock=events.lock", lockPath)
+	return CheckGenerationTo(p, lockPath, lockPath)
+}
+
+// CheckGenerationTo is CheckGeneration for a plugin whose out directory is
+// not the directory buf generate runs in: the lock is read at lockPath
+// (relative to the working directory) and written as outName (relative to
+// the out directory), e.g. lock=gen/events.lock with lock_out=events.lock
+// for out: gen.
+func CheckGenerationTo(p *protogen.Plugin, lockPath, outName string) error {
+	clean := path.Clean(filepath.ToSlash(outName))
+	if outName == "" || path.IsAbs(clean) || filepath.IsAbs(outName) || clean == ".." || strings.HasPrefix(clean, "../") {
+		return fmt.Errorf("compat: lock file %q: want a relative path inside the plugin's out directory, e.g. lock=events.lock (set lock_out when out is not \".\")", outName)
+	}
+	if lockPath == "" {
+		return errors.New("compat: no lock path")
 	}
 	var files []protoreflect.FileDescriptor
 	for _, f := range p.Files {
@@ -60,7 +72,7 @@ func CheckGeneration(p *protogen.Plugin, lockPath string) error {
 		// lock written under an out directory other than where it is read)
 		// shows instead of silently disabling the check.
 		abs, _ := filepath.Abs(lockPath)
-		fmt.Fprintf(os.Stderr, "protoc-gen-events: no lock at %s: writing a new one (first run); if this repeats on every run, the plugin's out is not the directory buf runs in: use out: . with module=\n", abs)
+		fmt.Fprintf(os.Stderr, "protoc-gen-events: no lock at %s: writing a new one (first run); if this repeats on every run, the lock is written elsewhere (under the plugin's out): use out: ., or lock=<out>/events.lock with lock_out=events.lock\n", abs)
 	case err != nil:
 		return fmt.Errorf("compat: read lock: %w", err)
 	default:
