@@ -25,14 +25,3 @@ func Render(name string, data any) (string, error) {
 	}
 	return b.String(), nil
 }
-
-// Names lists the embedded templates.
-func Names() []string {
-	var out []string
-	for _, t := range parsed.Templates() {
-		if t.Name() != "" {
-			out = append(out, t.Name())
-		}
-	}
-	return out
-}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"log/slog"
 	"net"
@@ -170,12 +169,8 @@ health check on --metrics-addr.`)
 }
 
 func runTopics(ctx context.Context, env *cliEnv, args []string) error {
-	if len(args) == 0 || args[0] != "create" {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
-			fmt.Fprintln(env.stdout, "Usage: eventsctl topics create --topic T[,T...] [flags]\n\nCreates event topics and, with --dlq, their \"<topic>.dlq\" dead-letter topics.")
-			return flag.ErrHelp
-		}
-		return fmt.Errorf("%w: want \"eventsctl topics create\"", errUsage)
+	if err := onlySubcommand(env, args, "topics", "create", "--topic T[,T...] [flags]\n\nCreates event topics and, with --dlq, their \"<topic>.dlq\" dead-letter topics."); err != nil {
+		return err
 	}
 	fs := newFlags(env, "topics create", "--topic T[,T...] [flags]", `
 Creates the named event topics (and, with --dlq, each one's "<topic>.dlq"
@@ -217,12 +212,8 @@ Programs can do the same from the generated registries with topics.Ensure.`)
 }
 
 func runOutbox(ctx context.Context, env *cliEnv, args []string) error {
-	if len(args) == 0 || args[0] != "status" {
-		if len(args) > 0 && (args[0] == "-h" || args[0] == "--help") {
-			fmt.Fprintln(env.stdout, "Usage: eventsctl outbox status [flags]\n\nReports pending rows, the oldest pending age and publish failures.")
-			return flag.ErrHelp
-		}
-		return fmt.Errorf("%w: want \"eventsctl outbox status\"", errUsage)
+	if err := onlySubcommand(env, args, "outbox", "status", "[flags]\n\nReports pending rows, the oldest pending age and publish failures."); err != nil {
+		return err
 	}
 	fs := newFlags(env, "outbox status", "[flags]", `
 Reports the outbox's backlog: pending rows, the age of the oldest, rows

@@ -21,7 +21,6 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"sort"
 	"strings"
 	"syscall"
 )
@@ -210,12 +209,15 @@ func splitList(s string) []string {
 	return out
 }
 
-// sortedKeys returns the keys of m in order.
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
+// onlySubcommand checks that args start with sub, the one subcommand of
+// group (as in "outbox status"), answering -h with usage.
+func onlySubcommand(env *cliEnv, args []string, group, sub, usage string) error {
+	switch {
+	case len(args) > 0 && args[0] == sub:
+		return nil
+	case len(args) > 0 && (args[0] == "-h" || args[0] == "--help"):
+		fmt.Fprintf(env.stdout, "Usage: eventsctl %s %s %s\n", group, sub, usage)
+		return flag.ErrHelp
 	}
-	sort.Strings(out)
-	return out
+	return fmt.Errorf("%w: want \"eventsctl %s %s\"", errUsage, group, sub)
 }

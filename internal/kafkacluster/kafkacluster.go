@@ -6,7 +6,6 @@ package kafkacluster
 import (
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"strings"
 	"time"
@@ -76,14 +75,4 @@ func CreateTopics(ctx context.Context, brokers []string, partitions int, names .
 		return fmt.Errorf("kafkacluster: %w", err)
 	}
 	return nil
-}
-
-// Reachable reports whether a TCP connection to the first broker succeeds.
-func (c *Cluster) Reachable(ctx context.Context) error {
-	var d net.Dialer
-	conn, err := d.DialContext(ctx, "tcp", c.Brokers[0])
-	if err != nil {
-		return fmt.Errorf("kafkacluster: broker %s: %w", c.Brokers[0], err)
-	}
-	return conn.Close()
 }
