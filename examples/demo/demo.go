@@ -27,7 +27,7 @@ import (
 	shippingv1 "github.com/protoevents/protoevents/examples/gen/shop/shipping/v1"
 	"github.com/protoevents/protoevents/examples/orders"
 	"github.com/protoevents/protoevents/examples/shipping"
-	events "github.com/protoevents/protoevents/runtime"
+	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/outbox"
 	"github.com/protoevents/protoevents/runtime/topics"

@@ -18,7 +18,7 @@ import (
 
 	ordersv1 "github.com/protoevents/protoevents/examples/gen/shop/orders/v1"
 	ordersv2 "github.com/protoevents/protoevents/examples/gen/shop/orders/v2"
-	events "github.com/protoevents/protoevents/runtime"
+	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
 )
 

@@ -12,7 +12,7 @@ import (
 
 // Import paths of the packages generated code uses.
 const (
-	runtimePkg  = "github.com/protoevents/protoevents/runtime"
+	runtimePkg  = "github.com/protoevents/protoevents/runtime/events"
 	outboxPkg   = "github.com/protoevents/protoevents/runtime/outbox"
 	consumerPkg = "github.com/protoevents/protoevents/runtime/consumer"
 	pgxPkg      = "github.com/jackc/pgx/v5"
@@ -25,7 +25,7 @@ const versionGuard = "IsAtLeastVersion0_1_0"
 // render turns the model of one file into gofmt'd Go source.
 func render(mf *file, compilerVersion string) ([]byte, error) {
 	f := jen.NewFilePathName(string(mf.proto.GoImportPath), string(mf.proto.GoPackageName))
-	f.ImportAlias(runtimePkg, "events")
+	f.ImportName(runtimePkg, "events")
 	f.ImportName(outboxPkg, "outbox")
 	f.ImportName(consumerPkg, "consumer")
 	f.ImportName(pgxPkg, "pgx")

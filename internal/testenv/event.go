@@ -3,7 +3,7 @@ package testenv
 import (
 	"google.golang.org/protobuf/types/known/structpb"
 
-	events "github.com/protoevents/protoevents/runtime"
+	"github.com/protoevents/protoevents/runtime/events"
 )
 
 // Event is a hand-written events.Event for the runtime's own tests, which

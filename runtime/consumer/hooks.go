@@ -3,7 +3,7 @@ package consumer
 import (
 	"time"
 
-	events "github.com/protoevents/protoevents/runtime"
+	"github.com/protoevents/protoevents/runtime/events"
 )
 
 // Hooks are the consumer's observability callbacks, for metrics and

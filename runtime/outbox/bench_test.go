@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
-	events "github.com/protoevents/protoevents/runtime"
+	"github.com/protoevents/protoevents/runtime/events"
 )
 
 // prefill writes n events over 100 keys into the bundle's outbox, in

@@ -18,7 +18,7 @@ import (
 
 	"github.com/protoevents/protoevents/internal/kafkacluster"
 	"github.com/protoevents/protoevents/internal/testenv"
-	events "github.com/protoevents/protoevents/runtime"
+	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/envelope"
 )
 

@@ -12,8 +12,8 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-	events "github.com/protoevents/protoevents/runtime"
 	"github.com/protoevents/protoevents/runtime/consumer"
+	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
 	ordersv1 "github.com/protoevents/protoevents/testdata/golden/orders/v1"
 )

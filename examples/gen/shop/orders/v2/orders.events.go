@@ -13,8 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	ordersv1 "github.com/protoevents/protoevents/examples/gen/shop/orders/v1"
-	events "github.com/protoevents/protoevents/runtime"
 	"github.com/protoevents/protoevents/runtime/consumer"
+	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
 )
 
