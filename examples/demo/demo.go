@@ -27,8 +27,8 @@ import (
 	shippingv1 "github.com/protoevents/protoevents/examples/gen/shop/shipping/v1"
 	"github.com/protoevents/protoevents/examples/orders"
 	"github.com/protoevents/protoevents/examples/shipping"
-	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/consumer"
+	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
 	"github.com/protoevents/protoevents/runtime/topics"
 )

@@ -14,8 +14,8 @@ import (
 
 	ordersv1 "github.com/protoevents/protoevents/examples/gen/shop/orders/v1"
 	shippingv1 "github.com/protoevents/protoevents/examples/gen/shop/shipping/v1"
-	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/consumer"
+	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
 )
 

@@ -13,8 +13,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/envelope"
+	"github.com/protoevents/protoevents/runtime/events"
 )
 
 // TestDuplicateDelivery sends one event twice (the relay re-sending after a

@@ -18,8 +18,8 @@ import (
 
 	"github.com/protoevents/protoevents/internal/kafkacluster"
 	"github.com/protoevents/protoevents/internal/testenv"
-	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/envelope"
+	"github.com/protoevents/protoevents/runtime/events"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }

@@ -8,8 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/envelope"
+	"github.com/protoevents/protoevents/runtime/events"
 )
 
 // TestHandlerJoinsProducerTrace checks that the handler's context carries

@@ -20,8 +20,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/envelope"
+	"github.com/protoevents/protoevents/runtime/events"
 )
 
 // Writer inserts event envelopes into the outbox table. It holds no

@@ -12,8 +12,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/protoevents/protoevents/internal/testenv"
-	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/envelope"
+	"github.com/protoevents/protoevents/runtime/events"
 )
 
 func TestWriterRowsCommitWithTheTransaction(t *testing.T) {

@@ -8,8 +8,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/consumer"
+	"github.com/protoevents/protoevents/runtime/events"
 )
 
 func TestHooksFeedCollectors(t *testing.T) {

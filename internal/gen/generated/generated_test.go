@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/consumer"
+	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
 	inventoryv1 "github.com/protoevents/protoevents/testdata/golden/inventory/v1"
 	ordersv1 "github.com/protoevents/protoevents/testdata/golden/orders/v1"
