@@ -1,0 +1,118 @@
+package saga
+
+import (
+	"context"
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/protoevents/protoevents/templates"
+)
+
+// DefaultTable is the saga state table when WithTable is not given; the
+// path (history) table is the same name plus "_history".
+const DefaultTable = "sagas"
+
+// identPart is what a table name part may be: a plain identifier. Names are
+// quoted anyway; refusing odd ones keeps them the names operators type.
+var identPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
+
+// maxIdentLen is Postgres' NAMEDATALEN-1: longer names are truncated.
+const maxIdentLen = 63
+
+// sqlSet is every statement of the package, rendered once per table name
+// from templates/saga.sql.
+type sqlSet struct {
+	table                                string
+	migrate, lock, insert, lockRow       string
+	lockDue, update, history, get, list  string
+	counts, historyList, retry, postpone string
+}
+
+// parseTable validates "table" or "schema.table" and returns the quoted
+// state and history table names and the unqualified last part.
+func parseTable(name string) (table, history pgx.Identifier, err error) {
+	parts := strings.Split(name, ".")
+	if len(parts) > 2 {
+		return nil, nil, fmt.Errorf("saga: table %q: want table or schema.table", name)
+	}
+	for _, p := range parts {
+		if !identPart.MatchString(p) || len(p) > maxIdentLen {
+			return nil, nil, fmt.Errorf("saga: table %q: %q is not a plain identifier (letters, digits, _; at most %d bytes)", name, p, maxIdentLen)
+		}
+	}
+	last := parts[len(parts)-1]
+	if len(last+"_history_saga_id_idx") > maxIdentLen {
+		return nil, nil, fmt.Errorf("saga: table %q: name too long for its history table and indexes (at most %d bytes with suffixes)", name, maxIdentLen)
+	}
+	table = pgx.Identifier(parts)
+	history = append(pgx.Identifier{}, parts...)
+	history[len(history)-1] = last + "_history"
+	return table, history, nil
+}
+
+// renderSQL renders every statement for one table name.
+func renderSQL(name string) (*sqlSet, error) {
+	table, history, err := parseTable(name)
+	if err != nil {
+		return nil, err
+	}
+	last := table[len(table)-1]
+	data := struct{ Table, History, DueIndex, HistoryIndex string }{
+		Table: table.Sanitize(), History: history.Sanitize(),
+		DueIndex:     pgx.Identifier{last + "_due_idx"}.Sanitize(),
+		HistoryIndex: pgx.Identifier{last + "_history_saga_id_idx"}.Sanitize(),
+	}
+	s := &sqlSet{table: name}
+	for _, r := range []struct {
+		name string
+		dst  *string
+	}{
+		{"saga.sql", &s.migrate},
+		{"saga_migrate_lock", &s.lock},
+		{"saga_insert", &s.insert},
+		{"saga_lock", &s.lockRow},
+		{"saga_lock_due", &s.lockDue},
+		{"saga_update", &s.update},
+		{"saga_history_insert", &s.history},
+		{"saga_get", &s.get},
+		{"saga_list", &s.list},
+		{"saga_counts", &s.counts},
+		{"saga_history", &s.historyList},
+		{"saga_retry", &s.retry},
+		{"saga_postpone", &s.postpone},
+	} {
+		if *r.dst, err = templates.Render(r.name, data); err != nil {
+			return nil, fmt.Errorf("saga: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// Migrate creates the saga state table and its path (history) table if
+// they do not exist. It is idempotent and safe to run from many processes
+// at once (an advisory lock serialises them). Only WithTable is read.
+func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
+	s, err := settingsFrom(opts)
+	if err != nil {
+		return err
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("saga: migrate %s: begin: %w", s.sql.table, err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	if _, err := tx.Exec(ctx, s.sql.lock, s.sql.table); err != nil {
+		return fmt.Errorf("saga: migrate %s: lock: %w", s.sql.table, err)
+	}
+	if _, err := tx.Exec(ctx, s.sql.migrate); err != nil {
+		return fmt.Errorf("saga: migrate %s: %w", s.sql.table, err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("saga: migrate %s: commit: %w", s.sql.table, err)
+	}
+	return nil
+}
