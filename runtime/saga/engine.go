@@ -201,8 +201,8 @@ func (t *txn[D]) sendCompensation() error {
 	}
 	t.st.status, t.st.awaiting = StatusCompensating, id
 	t.st.attempt++
-	if step.Timeout > 0 {
-		t.setDeadline(deadlineTimeout, step.Timeout)
+	if step.CompensationTimeout > 0 {
+		t.setDeadline(deadlineTimeout, step.CompensationTimeout)
 	} else {
 		t.clearDeadline()
 	}
@@ -376,7 +376,7 @@ func (t *txn[D]) fire() error {
 		// The outcome is unknown: compensate this step too.
 		return t.compensate(t.st.step)
 	case t.st.status == StatusCompensating && t.st.deadlineKind == deadlineTimeout:
-		return t.compensationFailed("", fmt.Sprintf("no reply to %s within %s", t.st.awaiting, step.Timeout))
+		return t.compensationFailed("", fmt.Sprintf("no reply to %s within %s", t.st.awaiting, step.CompensationTimeout))
 	case t.st.status == StatusCompensating && t.st.deadlineKind == deadlineRetry:
 		if step.Compensation == nil {
 			return t.compensate(t.st.step - 1)

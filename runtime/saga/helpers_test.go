@@ -372,3 +372,9 @@ func (wd *world) transitions(t testing.TB, id string) []string {
 	}
 	return out
 }
+
+type outboxWriter = outbox.Writer
+
+func newOutboxWriter() (*outbox.Writer, error) { return outbox.NewWriter() }
+
+func testenvURL(t testing.TB) string { return testenv.ServerURL(t) }

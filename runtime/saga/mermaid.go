@@ -82,8 +82,8 @@ func (sg *Saga[D]) Mermaid() string {
 				fmt.Fprintf(&b, "    %s --> %s: %s, retry with backoff\n", undo(i), undo(i), label(name, r.kind, true))
 			}
 		}
-		if st.Timeout > 0 {
-			fmt.Fprintf(&b, "    %s --> %s: timeout %s, retry\n", undo(i), undo(i), st.Timeout)
+		if st.CompensationTimeout > 0 {
+			fmt.Fprintf(&b, "    %s --> %s: timeout %s, retry\n", undo(i), undo(i), st.CompensationTimeout)
 		}
 		fmt.Fprintf(&b, "    %s --> Parked: retries exhausted\n", undo(i))
 	}

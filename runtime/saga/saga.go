@@ -182,10 +182,14 @@ type Step[D any] struct {
 	Command func(d *D) events.Event
 	// OnReply lists the reply events that complete (or fail) the step.
 	OnReply []Reply[D]
-	// Timeout, if positive, bounds the wait for a reply (and for each
-	// compensation reply). When it fires the step's outcome is unknown: it
-	// is compensated along with the completed steps.
+	// Timeout, if positive, bounds the wait for a reply. When it fires the
+	// step's outcome is unknown: it is compensated along with the
+	// completed steps.
 	Timeout time.Duration
+	// CompensationTimeout, if positive, bounds the wait for a compensation
+	// reply; when it fires the attempt counts as failed and the
+	// compensation is sent again after the backoff (or the saga parked).
+	CompensationTimeout time.Duration
 	// Compensation builds the command that undoes the step. It must be
 	// idempotent and tolerate a step that never happened.
 	Compensation func(d *D) events.Event
@@ -273,7 +277,7 @@ func New[D any](def Definition[D], w *outbox.Writer, opts ...Option) (*Saga[D], 
 			bad("step %q: Command without OnReply: nothing could complete the step", st.Name)
 		case st.Local != nil && (len(st.OnReply) > 0 || st.Timeout != 0):
 			bad("step %q: a local step takes no replies and no timeout", st.Name)
-		case st.Timeout < 0:
+		case st.Timeout < 0 || st.CompensationTimeout < 0:
 			bad("step %q: negative timeout", st.Name)
 		}
 		switch {
