@@ -226,10 +226,113 @@ func NewShippingScheduledConsumer(cfg consumer.Config, h ShippingScheduledHandle
 	return consumer.New(cfg, consumer.Bind[*ShippingScheduled](ShippingScheduledEvent, h), opts...)
 }
 
+// Constants of the shop.shipping.v1.ShippingRefused event.
+const (
+	// ShippingRefusedTopic is the Kafka topic shop.shipping.v1.ShippingRefused
+	// events are published to.
+	ShippingRefusedTopic = "shop.shipping.shipping-refused.v1"
+	// ShippingRefusedDLQTopic is the dead-letter topic for
+	// shop.shipping.v1.ShippingRefused events that consumers give up on.
+	ShippingRefusedDLQTopic = "shop.shipping.shipping-refused.v1.dlq"
+	// ShippingRefusedEventType is the event type recorded in envelopes: the
+	// message's full Protobuf name.
+	ShippingRefusedEventType = "shop.shipping.v1.ShippingRefused"
+	// ShippingRefusedSchemaVersion is the major schema version of
+	// shop.shipping.v1.ShippingRefused.
+	ShippingRefusedSchemaVersion = 1
+)
+
+// ShippingRefusedEvent describes the shop.shipping.v1.ShippingRefused event:
+// where it is published, how it is keyed and how to decode it. It is registered
+// with the events runtime at init.
+//
+// ShippingRefused replies that no pickup can be booked, e.g. no carrier
+// serves the country.
+var ShippingRefusedEvent = &events.Descriptor{
+	Type:       ShippingRefusedEventType,
+	Topic:      ShippingRefusedTopic,
+	DLQTopic:   ShippingRefusedDLQTopic,
+	Version:    ShippingRefusedSchemaVersion,
+	KeyPath:    "order_id",
+	Producer:   "shipping",
+	Supersedes: "",
+	File:       "shop/shipping/v1/scheduling.proto",
+	New: func() events.Event {
+		return new(ShippingRefused)
+	},
+}
+
+// EventKey returns the canonical Kafka key of the event: the order_id field as
+// UTF-8 bytes. Events with equal keys go to the same partition, so they keep
+// their order. An unset field yields the key of its zero value.
+func (x *ShippingRefused) EventKey() []byte {
+	return []byte(x.GetOrderId())
+}
+
+// EventDescriptor returns ShippingRefusedEvent.
+func (x *ShippingRefused) EventDescriptor() *events.Descriptor {
+	return ShippingRefusedEvent
+}
+
+// ShippingRefusedProducer writes shop.shipping.v1.ShippingRefused events into
+// the outbox inside the caller's transaction, so each event commits or rolls
+// back with the business change; the relay then publishes it to
+// shop.shipping.shipping-refused.v1.
+type ShippingRefusedProducer struct {
+	w *outbox.Writer
+}
+
+// NewShippingRefusedProducer returns a producer of
+// shop.shipping.v1.ShippingRefused events that writes through w.
+func NewShippingRefusedProducer(w *outbox.Writer) *ShippingRefusedProducer {
+	return &ShippingRefusedProducer{w: w}
+}
+
+// Publish writes ev to the outbox within tx and returns its event ID. Nothing
+// is published unless tx commits.
+func (p *ShippingRefusedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *ShippingRefused, opts ...events.PublishOption) (events.EventID, error) {
+	if ev == nil {
+		return events.EventID{}, errors.New("shop.shipping.v1.ShippingRefused: publish: nil event")
+	}
+	return p.w.Write(ctx, tx, ev, opts...)
+}
+
+// PublishBatch writes evs to the outbox within tx in one round trip and returns
+// their event IDs in the order of evs. Nothing is published unless tx commits.
+func (p *ShippingRefusedProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*ShippingRefused, opts ...events.PublishOption) ([]events.EventID, error) {
+	batch := make([]events.Event, len(evs))
+	for i, ev := range evs {
+		if ev == nil {
+			return nil, fmt.Errorf("shop.shipping.v1.ShippingRefused: publish batch: event %d is nil", i)
+		}
+		batch[i] = ev
+	}
+	return p.w.WriteBatch(ctx, tx, batch, opts...)
+}
+
+// ShippingRefusedHandler handles one shop.shipping.v1.ShippingRefused event
+// inside the consumer's dedup transaction tx: the handler's writes through tx
+// commit together with the record that the event was applied, so each event
+// takes effect once per consumer name. Returning an error rolls tx back and the
+// event is retried; once the consumer's attempts are used up it goes to
+// shop.shipping.shipping-refused.v1.dlq.
+type ShippingRefusedHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ShippingRefused) error
+
+// NewShippingRefusedConsumer returns a consumer of topic
+// shop.shipping.shipping-refused.v1 that hands each
+// shop.shipping.v1.ShippingRefused event to h exactly once per consumer name;
+// start it with Run.
+func NewShippingRefusedConsumer(cfg consumer.Config, h ShippingRefusedHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
+	if h == nil {
+		return nil, errors.New("shop.shipping.v1.ShippingRefused: new consumer: nil handler")
+	}
+	return consumer.New(cfg, consumer.Bind[*ShippingRefused](ShippingRefusedEvent, h), opts...)
+}
+
 // SchedulingEvents lists the events declared in
 // shop/shipping/v1/scheduling.proto, for the relay, topic provisioning and the
 // schema compatibility check.
-var SchedulingEvents = []*events.Descriptor{ScheduleShippingEvent, ShippingScheduledEvent}
+var SchedulingEvents = []*events.Descriptor{ScheduleShippingEvent, ShippingScheduledEvent, ShippingRefusedEvent}
 
 func init() {
 	// Like protobuf's own registry, a conflict here (the same event type or

@@ -135,6 +135,62 @@ func (x *ShippingScheduled) GetPickupId() string {
 	return ""
 }
 
+// ShippingRefused replies that no pickup can be booked, e.g. no carrier
+// serves the country.
+type ShippingRefused struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// order_id identifies the order.
+	OrderId string `protobuf:"bytes,1,opt,name=order_id,json=orderId,proto3" json:"order_id,omitempty"`
+	// reason says why.
+	Reason        string `protobuf:"bytes,2,opt,name=reason,proto3" json:"reason,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ShippingRefused) Reset() {
+	*x = ShippingRefused{}
+	mi := &file_shop_shipping_v1_scheduling_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ShippingRefused) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ShippingRefused) ProtoMessage() {}
+
+func (x *ShippingRefused) ProtoReflect() protoreflect.Message {
+	mi := &file_shop_shipping_v1_scheduling_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ShippingRefused.ProtoReflect.Descriptor instead.
+func (*ShippingRefused) Descriptor() ([]byte, []int) {
+	return file_shop_shipping_v1_scheduling_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ShippingRefused) GetOrderId() string {
+	if x != nil {
+		return x.OrderId
+	}
+	return ""
+}
+
+func (x *ShippingRefused) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
 var File_shop_shipping_v1_scheduling_proto protoreflect.FileDescriptor
 
 const file_shop_shipping_v1_scheduling_proto_rawDesc = "" +
@@ -147,7 +203,11 @@ const file_shop_shipping_v1_scheduling_proto_rawDesc = "" +
 	"\x11ShippingScheduled\x12\x19\n" +
 	"\border_id\x18\x01 \x01(\tR\aorderId\x12\x1b\n" +
 	"\tpickup_id\x18\x02 \x01(\tR\bpickupId:5\xea\xbb\x1c1\n" +
-	"#shop.shipping.shipping-scheduled.v1\x12\border_id\x18\x01B[\xea\xbb\x1c\n" +
+	"#shop.shipping.shipping-scheduled.v1\x12\border_id\x18\x01\"y\n" +
+	"\x0fShippingRefused\x12\x19\n" +
+	"\border_id\x18\x01 \x01(\tR\aorderId\x12\x16\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason:3\xea\xbb\x1c/\n" +
+	"!shop.shipping.shipping-refused.v1\x12\border_id\x18\x01B[\xea\xbb\x1c\n" +
 	"\n" +
 	"\bshippingZKgithub.com/protoevents/protoevents/examples/gen/shop/shipping/v1;shippingv1b\x06proto3"
 
@@ -163,10 +223,11 @@ func file_shop_shipping_v1_scheduling_proto_rawDescGZIP() []byte {
 	return file_shop_shipping_v1_scheduling_proto_rawDescData
 }
 
-var file_shop_shipping_v1_scheduling_proto_msgTypes = make([]protoimpl.MessageInfo, 2)
+var file_shop_shipping_v1_scheduling_proto_msgTypes = make([]protoimpl.MessageInfo, 3)
 var file_shop_shipping_v1_scheduling_proto_goTypes = []any{
 	(*ScheduleShipping)(nil),  // 0: shop.shipping.v1.ScheduleShipping
 	(*ShippingScheduled)(nil), // 1: shop.shipping.v1.ShippingScheduled
+	(*ShippingRefused)(nil),   // 2: shop.shipping.v1.ShippingRefused
 }
 var file_shop_shipping_v1_scheduling_proto_depIdxs = []int32{
 	0, // [0:0] is the sub-list for method output_type
@@ -187,7 +248,7 @@ func file_shop_shipping_v1_scheduling_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_shop_shipping_v1_scheduling_proto_rawDesc), len(file_shop_shipping_v1_scheduling_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   2,
+			NumMessages:   3,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
