@@ -114,6 +114,9 @@ Postgres and Kafka stay up until Ctrl-C. In another terminal:
 	if times != 1 {
 		return fmt.Errorf("redriven order applied %d times, want 1", times)
 	}
+	if err := runSagaDemo(ctx, pool, brokers, log); err != nil {
+		return err
+	}
 	fmt.Println("\ndemo: OK")
 	return nil
 }

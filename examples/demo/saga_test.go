@@ -1,0 +1,37 @@
+package demo
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/protoevents/protoevents/internal/testenv"
+)
+
+// TestSagaDemo runs the order-saga part of `make demo` on a schema of its
+// own and holds it to its invariants.
+func TestSagaDemo(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := testenv.DB(t)
+	k := testenv.FakeKafka(t)
+	if err := SetupSaga(ctx, pool, k.Brokers); err != nil {
+		t.Fatal(err)
+	}
+	var progress strings.Builder
+	rep, err := RunSaga(ctx, SagaConfig{DB: pool, Brokers: k.Brokers, Orders: 40, Progress: &progress})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, progress.String())
+	}
+	var out strings.Builder
+	rep.Print(&out)
+	t.Log(progress.String() + out.String())
+	if !rep.OK() {
+		t.Fatalf("invariants violated: %v", rep.Violations)
+	}
+	if rep.Completed+rep.Compensated+rep.Parked != int64(rep.Placed) || rep.Completed == 0 {
+		t.Errorf("%d completed + %d compensated + %d parked of %d started", rep.Completed, rep.Compensated, rep.Parked, rep.Placed)
+	}
+	if rep.DuplicatesAbsorbed == 0 {
+		t.Error("no duplicate absorbed, though the orchestrator and payments crashed before their offset commits")
+	}
+}
