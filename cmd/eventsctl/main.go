@@ -39,6 +39,7 @@ var commands = []command{
 	{"topics", "create event topics and their DLQ topics", runTopics},
 	{"outbox", "outbox status: pending rows, oldest pending age, failures", runOutbox},
 	{"dlq", "dead-letter queues: list, show and redrive messages", runDLQ},
+	{"saga", "sagas: list, show (the path taken) and retry parked ones", runSaga},
 	{"prune", "delete dedup rows older than the retention", runPrune},
 	{"compat", "check event schemas for breaking changes against a baseline", runCompat},
 	{"version", "print the version", runVersion},
