@@ -49,17 +49,17 @@ type SagaConfig struct {
 
 // SagaReport is what the saga run observed.
 type SagaReport struct {
-	Placed                                 int
-	Completed, Compensated, Parked         int64 // before the operator's retry
-	RetriedByOperator                      int
-	Declined, Unavailable, Refused, Timed  int64 // why sagas compensated
-	CompensationRetries, LateRepliesIgnore int64
-	OrchestratorCrashes, PaymentsCrashes   int
-	DuplicatesAbsorbed                     int64
-	ParkedID                               string
-	ParkedPath                             []saga.Entry
-	Violations                             []string
-	Elapsed                                time.Duration
+	Placed                                  int
+	Completed, Compensated, Parked          int64 // before the operator's retry
+	RetriedByOperator                       int
+	Declined, Unavailable, Refused, Timed   int64 // why sagas compensated
+	CompensationRetries, LateRepliesIgnored int64
+	OrchestratorCrashes, PaymentsCrashes    int
+	DuplicatesAbsorbed                      int64
+	ParkedID                                string
+	ParkedPath                              []saga.Entry
+	Violations                              []string
+	Elapsed                                 time.Duration
 }
 
 // OK reports whether every saga invariant held.
@@ -73,7 +73,7 @@ func (r *SagaReport) Print(w io.Writer) {
 	fmt.Fprintf(w, "  compensated                   %6d  (%d card declined, %d out of stock, %d shipping refused, %d charge timed out)\n", r.Compensated, r.Declined, r.Unavailable, r.Refused, r.Timed)
 	fmt.Fprintf(w, "  parked                        %6d  (refund failing past its budget; %d retried by the operator, then compensated)\n", r.Parked, r.RetriedByOperator)
 	fmt.Fprintf(w, "  compensation retries          %6d  (RefundFailed → RefundCard sent again after backoff)\n", r.CompensationRetries)
-	fmt.Fprintf(w, "  late replies ignored          %6d  (a reply after its step timed out and was compensated)\n", r.LateRepliesIgnore)
+	fmt.Fprintf(w, "  late replies ignored          %6d  (a reply after its step timed out and was compensated)\n", r.LateRepliesIgnored)
 	fmt.Fprintf(w, "  crashes                       %6d orchestrator (between DB commit and offset commit), %d payments (down past the charge timeout)\n", r.OrchestratorCrashes, r.PaymentsCrashes)
 	fmt.Fprintf(w, "  duplicates absorbed           %6d\n", r.DuplicatesAbsorbed)
 	if len(r.ParkedPath) > 0 {
@@ -360,7 +360,7 @@ func RunSaga(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 		{&rep.Refused, `SELECT count(DISTINCT saga_id) FROM sagas_history WHERE transition = 'step-failed' AND detail LIKE '%ShippingRefused%'`},
 		{&rep.Timed, `SELECT count(DISTINCT saga_id) FROM sagas_history WHERE transition = 'timed-out'`},
 		{&rep.CompensationRetries, `SELECT count(*) FROM sagas_history WHERE transition = 'compensation-failed'`},
-		{&rep.LateRepliesIgnore, `SELECT count(*) FROM sagas_history WHERE transition = 'late-reply-ignored'`},
+		{&rep.LateRepliesIgnored, `SELECT count(*) FROM sagas_history WHERE transition = 'late-reply-ignored'`},
 	} {
 		if err := cfg.DB.QueryRow(ctx, q.sql).Scan(q.dst); err != nil {
 			return nil, fmt.Errorf("demo: saga report: %w", err)

@@ -3,6 +3,7 @@ package demo
 import (
 	"context"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/protoevents/protoevents/internal/testenv"
@@ -17,7 +18,7 @@ func TestSagaDemo(t *testing.T) {
 	if err := SetupSaga(ctx, pool, k.Brokers); err != nil {
 		t.Fatal(err)
 	}
-	var progress strings.Builder
+	var progress lockedBuilder // written by the run's goroutines
 	rep, err := RunSaga(ctx, SagaConfig{DB: pool, Brokers: k.Brokers, Orders: 40, Progress: &progress})
 	if err != nil {
 		t.Fatalf("%v\n%s", err, progress.String())
@@ -34,4 +35,22 @@ func TestSagaDemo(t *testing.T) {
 	if rep.DuplicatesAbsorbed == 0 {
 		t.Error("no duplicate absorbed, though the orchestrator and payments crashed before their offset commits")
 	}
+}
+
+// lockedBuilder is a strings.Builder safe for concurrent writers.
+type lockedBuilder struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuilder) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuilder) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }
