@@ -7,6 +7,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	stockv1 "github.com/protoevents/protoevents/examples/gen/shop/stock/v1"
+	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/outbox"
 	"github.com/protoevents/protoevents/runtime/saga"
 )
@@ -37,5 +41,26 @@ func TestDiagramGolden(t *testing.T) {
 	}
 	if got != string(want) {
 		t.Fatalf("diagram differs from %s (go test -update, then paste it into the README):\n%s", path, got)
+	}
+}
+
+// TestHandlerForFitsGeneratedConsumers: the saga's typed reply handlers
+// are the generated handler types, so any consumer that takes those can
+// feed the saga (e.g. stockv1.NewStockReservedConsumer(cfg, h)).
+func TestHandlerForFitsGeneratedConsumers(t *testing.T) {
+	w, err := outbox.NewWriter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sg, err := saga.New(Definition(0), w)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h stockv1.StockReservedHandler = saga.HandlerFor[*stockv1.StockReserved](sg)
+	if _, err := stockv1.NewStockReservedConsumer(consumer.Config{Name: sg.ConsumerName(), Brokers: []string{"127.0.0.1:1"}, DB: &pgxpool.Pool{}}, h); err != nil {
+		t.Fatal(err)
+	}
+	if got := len(sg.ReplyTypes()); got != 9 {
+		t.Errorf("%d reply types, want 9: stock 3, payments 4, shipping 2", got)
 	}
 }
