@@ -184,7 +184,8 @@ type Step[D any] struct {
 	OnReply []Reply[D]
 	// Timeout, if positive, bounds the wait for a reply. When it fires the
 	// step's outcome is unknown: it is compensated along with the
-	// completed steps.
+	// completed steps. Without one the saga waits for the reply as long as
+	// it takes (the consumer never drops it).
 	Timeout time.Duration
 	// CompensationTimeout, if positive, bounds the wait for a compensation
 	// reply; when it fires the attempt counts as failed and the
