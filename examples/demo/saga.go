@@ -126,10 +126,38 @@ func SetupSaga(ctx context.Context, pool *pgxpool.Pool, brokers []string) error 
 	return err
 }
 
-// runFunc adapts a function to the demo's runner.
+// sagaRunner is what the saga demo supervises. It and restartAfter are the
+// saga demo's own, so the rest of the demo can change freely.
+type sagaRunner interface{ Run(context.Context) error }
+
+// runFunc adapts a function to a sagaRunner.
 type runFunc func(context.Context) error
 
 func (f runFunc) Run(ctx context.Context) error { return f(ctx) }
+
+// restartAfter runs first until ctx ends. If it crashes before, it counts
+// the crash, says so, waits down (the time the process stays dead) and
+// runs next until ctx ends; a failure of next goes to errc.
+func restartAfter(ctx context.Context, progress io.Writer, what string, crashes *int, down time.Duration, first, next sagaRunner, errc chan<- error) {
+	err := first.Run(ctx)
+	if err == nil || ctx.Err() != nil {
+		return
+	}
+	*crashes++
+	if down > 0 {
+		fmt.Fprintf(progress, "  ! %s crashed (%v); down for %s\n", what, err, down)
+	} else {
+		fmt.Fprintf(progress, "  ! %s crashed (%v); restarting it\n", what, err)
+	}
+	select {
+	case <-ctx.Done():
+		return
+	case <-time.After(down):
+	}
+	if err := next.Run(ctx); err != nil && ctx.Err() == nil {
+		errc <- fmt.Errorf("%s: %w", what, err)
+	}
+}
 
 // RunSaga runs the saga demo on a set-up database and cluster.
 func RunSaga(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
@@ -174,7 +202,7 @@ func RunSaga(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 	errc := make(chan error, 16)
 	runCtx, stop := context.WithCancel(ctx)
 	defer func() { stop(); wg.Wait() }()
-	goRun := func(what string, r runner) {
+	goRun := func(what string, r sagaRunner) {
 		wg.Go(func() {
 			if err := r.Run(runCtx); err != nil && runCtx.Err() == nil {
 				errc <- fmt.Errorf("%s: %w", what, err)
@@ -211,7 +239,7 @@ func RunSaga(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 		}
 		return nil
 	}})
-	runPayments := func(opts ...consumer.Option) runner {
+	runPayments := func(opts ...consumer.Option) sagaRunner {
 		return runFunc(func(ctx context.Context) error {
 			cs, err := paySvc.Consumers(ccfg(payments.ConsumerName), append(copts, opts...)...)
 			if err != nil {
@@ -221,21 +249,8 @@ func RunSaga(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 		})
 	}
 	wg.Go(func() {
-		err := runPayments(payFault).Run(runCtx)
-		if err == nil || runCtx.Err() != nil {
-			return
-		}
-		rep.PaymentsCrashes++
-		down := cfg.ChargeTimeout + time.Second
-		fmt.Fprintf(cfg.Progress, "  ! payments crashed (%v); down for %s, longer than the charge timeout\n", err, down)
-		select {
-		case <-runCtx.Done():
-			return
-		case <-time.After(down):
-		}
-		if err := runPayments().Run(runCtx); err != nil && runCtx.Err() == nil {
-			errc <- fmt.Errorf("payments: %w", err)
-		}
+		// Down longer than the charge timeout: some charges time out.
+		restartAfter(runCtx, cfg.Progress, "payments", &rep.PaymentsCrashes, cfg.ChargeTimeout+time.Second, runPayments(payFault), runPayments(), errc)
 	})
 
 	// The orchestrator crashes after its 15th committed transition, before
@@ -248,14 +263,13 @@ func RunSaga(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 		}
 		return nil
 	}})
-	orchestrator := func(opts ...consumer.Option) runner {
+	orchestrator := func(opts ...consumer.Option) sagaRunner {
 		return runFunc(func(ctx context.Context) error {
 			return orch.Saga.Run(ctx, consumer.Config{Brokers: cfg.Brokers, DB: cfg.DB}, append(copts, opts...)...)
 		})
 	}
 	wg.Go(func() {
-		superviseOnce(runCtx, cfg.Progress, "orchestrator", &rep.OrchestratorCrashes, orchestrator(orchFault),
-			func() (runner, error) { return orchestrator(), nil }, errc)
+		restartAfter(runCtx, cfg.Progress, "orchestrator", &rep.OrchestratorCrashes, 0, orchestrator(orchFault), orchestrator(), errc)
 	})
 
 	// Orders: every 7th (from 3) by a customer whose card is declined,
