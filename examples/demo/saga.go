@@ -230,11 +230,11 @@ func RunSaga(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 		goRun("participant", c)
 	}
 
-	// Payments crashes after its 8th transaction, before the offset
+	// Payments crashes after its 20th transaction, before the offset
 	// commit, and stays down longer than the charge timeout.
 	var payCommits atomic.Int64
 	payFault := consumer.WithFaults(consumer.Faults{AfterDBCommit: func(kafka.Message) error {
-		if payCommits.Add(1) == 8 {
+		if payCommits.Add(1) == 20 {
 			return errors.New("demo: payments crash between DB commit and offset commit")
 		}
 		return nil
