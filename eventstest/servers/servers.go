@@ -1,4 +1,10 @@
-package eventstest
+// Package servers gives tests their real servers: a Postgres schema of the
+// test's own on a shared server ($PROTOEVENTS_TEST_DATABASE_URL, or a
+// throwaway cluster started once per test binary) and a Kafka cluster reached
+// over TCP ($PROTOEVENTS_KAFKA_BROKERS, or in-process per test). It depends on
+// no runtime package but topics, so the runtime's own tests use it too;
+// eventstest builds its kit on it and forwards its functions.
+package servers
 
 import (
 	"context"
@@ -31,14 +37,12 @@ var server struct {
 
 // Main runs the package's tests, then stops the throwaway server, if one was
 // started, and exits with the tests' status. Call it from TestMain in every
-// package that uses DB or New:
-//
-//	func TestMain(m *testing.M) { eventstest.Main(m) }
+// package that uses DB.
 func Main(m *testing.M) {
 	code := m.Run()
 	if server.cluster != nil {
 		if err := server.cluster.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, "eventstest:", err)
+			fmt.Fprintln(os.Stderr, "servers:", err)
 		}
 	}
 	os.Exit(code)
@@ -61,7 +65,7 @@ func ServerURL(t testing.TB) string {
 		}
 	})
 	if server.err != nil {
-		t.Fatalf("eventstest: no database: %v (set %s to use an existing server)", server.err, EnvDatabaseURL)
+		t.Fatalf("servers: no database: %v (set %s to use an existing server)", server.err, EnvDatabaseURL)
 	}
 	return server.url
 }
@@ -69,7 +73,7 @@ func ServerURL(t testing.TB) string {
 // DB returns a pool whose connections use a new, empty schema of the test's
 // own (search_path), so tests run in parallel without seeing each other's
 // tables. The schema and pool go away when the test ends. It also returns the
-// schema's name. New does the same and migrates the schema.
+// schema's name.
 func DB(t testing.TB) (*pgxpool.Pool, string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -78,21 +82,21 @@ func DB(t testing.TB) (*pgxpool.Pool, string) {
 	schema := "t_" + randomSuffix()
 	admin, err := pgx.Connect(ctx, url)
 	if err != nil {
-		t.Fatalf("eventstest: connect: %v", err)
+		t.Fatalf("servers: connect: %v", err)
 	}
 	defer admin.Close(ctx)
 	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
-		t.Fatalf("eventstest: create schema: %v", err)
+		t.Fatalf("servers: create schema: %v", err)
 	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		t.Fatalf("eventstest: %v", err)
+		t.Fatalf("servers: %v", err)
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	cfg.MaxConns = 16
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		t.Fatalf("eventstest: pool: %v", err)
+		t.Fatalf("servers: pool: %v", err)
 	}
 	t.Cleanup(func() {
 		pool.Close()
@@ -100,12 +104,12 @@ func DB(t testing.TB) (*pgxpool.Pool, string) {
 		defer cancel()
 		conn, err := pgx.Connect(ctx, url)
 		if err != nil {
-			t.Errorf("eventstest: drop schema: %v", err)
+			t.Errorf("servers: drop schema: %v", err)
 			return
 		}
 		defer conn.Close(ctx)
 		if _, err := conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("eventstest: drop schema: %v", err)
+			t.Errorf("servers: drop schema: %v", err)
 		}
 	})
 	return pool, schema
