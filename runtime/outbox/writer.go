@@ -46,7 +46,7 @@ func NewWriter(opts ...WriterOption) (*Writer, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.format != envelope.FormatJSON && c.format != envelope.FormatProto {
+	if !c.format.Valid() {
 		return nil, fmt.Errorf("outbox: unknown envelope format %v", c.format)
 	}
 	return &Writer{table: t, q: newQueries(t.sanitized()), env: envelope.Options{Format: c.format, Producer: c.producer}}, nil
