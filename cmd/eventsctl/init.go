@@ -92,7 +92,7 @@ func runInit(_ context.Context, env *cliEnv, args []string) error {
 	fmt.Fprintf(env.stdout, `
 next:
   go mod tidy       # resolve the tools' requirements
-  buf generate      # gen/%[1]s/v1/%[1]s.pb.go, %[1]s.events.go and events.lock (commit them all)
+  buf generate      # gen/%[1]s/v1/%[1]s.pb.go, %[1]s.events.go, events.lock, docs/events.* (commit them all)
   go build ./...
 `, svc)
 	return nil
@@ -217,6 +217,8 @@ plugins:
       - module={{.Module}}
       # Fail on breaking event-schema changes; keep events.lock current.
       - lock=events.lock
+      # The event catalog: AsyncAPI 3.0 for tools, Markdown for people.
+      - catalog=docs/events.asyncapi.yaml
     strategy: all
 inputs:
   - directory: proto

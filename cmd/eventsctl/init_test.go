@@ -101,7 +101,7 @@ func TestInitEndToEnd(t *testing.T) {
 			t.Fatalf("%s: %v\n%s", strings.Join(step, " "), err, out)
 		}
 	}
-	for _, f := range []string{"gen/shop/v1/shop.pb.go", "gen/shop/v1/shop.events.go", "events.lock"} {
+	for _, f := range []string{"gen/shop/v1/shop.pb.go", "gen/shop/v1/shop.events.go", "events.lock", "docs/events.asyncapi.yaml", "docs/events.md"} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
 			t.Errorf("buf generate did not write %s: %v", f, err)
 		}
