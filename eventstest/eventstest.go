@@ -128,7 +128,9 @@ func New(t testing.TB, opts ...Option) *Env {
 		t.Fatalf("eventstest: %v", err)
 	}
 	e := &Env{DB: pool, Schema: schema, Kafka: k, Brokers: k.Brokers, Writer: w, cfg: cfg, ensured: map[string]bool{}}
-	e.kw = &kafka.Writer{Addr: kafka.TCP(k.Brokers...), Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+	// The relay's partitioner (Java-client compatible murmur2), so a key lands
+	// on the partition it would in production.
+	e.kw = &kafka.Writer{Addr: kafka.TCP(k.Brokers...), Balancer: kafka.Murmur2Balancer{}, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
 	t.Cleanup(func() { _ = e.kw.Close() })
 	return e
 }
