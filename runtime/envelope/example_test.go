@@ -1,6 +1,8 @@
 package envelope_test
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -27,7 +29,11 @@ func Example_cloudEventsBinary() {
 	if err != nil {
 		panic(err)
 	}
-	fmt.Printf("value: %s\n", value)
+	var compact bytes.Buffer // protojson varies its spacing on purpose
+	if err := json.Compact(&compact, value); err != nil {
+		panic(err)
+	}
+	fmt.Printf("value: %s\n", compact.Bytes())
 	for _, h := range headers {
 		fmt.Printf("%s: %s\n", h.Key, h.Value)
 	}
