@@ -70,6 +70,7 @@ type Env struct {
 	cfg     config
 	mu      sync.Mutex
 	ensured map[string]bool
+	runErr  error // the first error a Runner stopped with on its own
 	kw      *kafka.Writer
 }
 
@@ -223,19 +224,68 @@ func (e *Env) Relay(t testing.TB) {
 	if err != nil {
 		t.Fatalf("eventstest: relay: %v", err)
 	}
-	e.runUntil(t, "relay", r.Run, "the outbox has no pending rows", func(ctx context.Context) (bool, error) {
+	stop := e.Start(t, r)
+	e.waitFor(t, "the outbox has no pending rows", func(ctx context.Context) (bool, error) {
 		st, err := outbox.Status(ctx, e.DB)
 		return err == nil && st.Pending == 0, err
 	})
+	stop()
 }
 
 // ConsumeUntil runs c until the consumer named name (c's Config.Name) has
 // applied at least n events in total, counted in the dedup table, then stops
 // it. A consumer that fails, or does not get there within the Env's timeout,
-// fails the test.
+// fails the test. To keep a consumer running while waiting for something
+// else (a dead letter, say), use Start and WaitApplied.
 func (e *Env) ConsumeUntil(t testing.TB, c *consumer.Consumer, name string, n int) {
 	t.Helper()
-	e.runUntil(t, "consumer "+name, c.Run, fmt.Sprintf("%s has applied %d events", name, n), func(ctx context.Context) (bool, error) {
+	stop := e.Start(t, c)
+	e.WaitApplied(t, name, n)
+	stop()
+}
+
+// Runner is what Start runs: a *consumer.Consumer or an *outbox.Relay.
+type Runner interface {
+	Run(ctx context.Context) error
+}
+
+// Start runs r in the background until the returned stop is called or the
+// test ends, whichever comes first; stop cancels r and waits for it to
+// return. An error from r other than its cancellation fails the test.
+func (e *Env) Start(t testing.TB, r Runner) (stop func()) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		err := r.Run(ctx)
+		if err != nil && ctx.Err() == nil {
+			e.mu.Lock()
+			if e.runErr == nil {
+				e.runErr = fmt.Errorf("%T stopped: %w", r, err)
+			}
+			e.mu.Unlock()
+		}
+		done <- err
+	}()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil && !errors.Is(err, context.Canceled) {
+				t.Errorf("eventstest: %T stopped with an error: %v", r, err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// WaitApplied waits until the consumer named name has applied at least n
+// events in total (its rows in the dedup table); the consumer must be
+// running (Start).
+func (e *Env) WaitApplied(t testing.TB, name string, n int) {
+	t.Helper()
+	e.waitFor(t, fmt.Sprintf("%s has applied %d events", name, n), func(ctx context.Context) (bool, error) {
 		got, err := e.Applied(ctx, name)
 		return got >= n, err
 	})
@@ -251,60 +301,42 @@ func (e *Env) Applied(ctx context.Context, name string) (int, error) {
 	return n, nil
 }
 
-// runUntil runs run in a goroutine until done reports true, then cancels it
-// and waits for it to return.
-func (e *Env) runUntil(t testing.TB, what string, run func(context.Context) error, cond string, done func(context.Context) (bool, error)) {
+// waitFor polls cond until it holds, failing the test after the Env's
+// timeout.
+func (e *Env) waitFor(t testing.TB, what string, cond func(context.Context) (bool, error)) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() { errc <- run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-errc; err != nil && !errors.Is(err, context.Canceled) {
-			t.Errorf("eventstest: %s: %v", what, err)
-		}
-	}()
 	deadline := time.Now().Add(e.cfg.timeout)
 	var lastErr error
 	for time.Now().Before(deadline) {
-		select {
-		case err := <-errc:
-			errc <- err // for the deferred wait
-			t.Fatalf("eventstest: %s stopped before %s: %v", what, cond, err)
-		default:
+		e.mu.Lock()
+		runErr := e.runErr
+		e.mu.Unlock()
+		if runErr != nil {
+			t.Fatalf("eventstest: waiting until %s: %v", what, runErr)
 		}
-		qctx, qcancel := context.WithTimeout(ctx, 10*time.Second)
-		ok, err := done(qctx)
-		qcancel()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		ok, err := cond(ctx)
+		cancel()
 		if ok {
 			return
 		}
 		lastErr = err
 		time.Sleep(20 * time.Millisecond)
 	}
-	t.Fatalf("eventstest: %s: not true after %v: %s (last error: %v)", what, e.cfg.timeout, cond, lastErr)
+	t.Fatalf("eventstest: not true after %v: %s (last error: %v)", e.cfg.timeout, what, lastErr)
 }
 
 // DLQ waits until the dead-letter topic holds at least n messages and
 // returns them all, decoded with consumer.ListDLQ.
 func (e *Env) DLQ(t testing.TB, dlqTopic string, n int) []consumer.DLQEntry {
 	t.Helper()
-	deadline := time.Now().Add(e.cfg.timeout)
-	var (
-		got     []consumer.DLQEntry
-		lastErr error
-	)
-	for time.Now().Before(deadline) {
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		got, lastErr = consumer.ListDLQ(ctx, e.Brokers, dlqTopic)
-		cancel()
-		if lastErr == nil && len(got) >= n {
-			return got
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	t.Fatalf("eventstest: DLQ %s holds %d messages after %v, want %d (last error: %v)", dlqTopic, len(got), e.cfg.timeout, n, lastErr)
-	return nil
+	var got []consumer.DLQEntry
+	e.waitFor(t, fmt.Sprintf("DLQ %s holds %d messages", dlqTopic, n), func(ctx context.Context) (bool, error) {
+		var err error
+		got, err = consumer.ListDLQ(ctx, e.Brokers, dlqTopic)
+		return err == nil && len(got) >= n, err
+	})
+	return got
 }
 
 // OutboxRow is one row of the outbox, with its envelope decoded.

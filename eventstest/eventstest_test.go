@@ -78,12 +78,9 @@ func TestDLQWaitsForEntries(t *testing.T) {
 		t.Fatal(err)
 	}
 	id := env.Publish(t, &ordersv1.OrderPlaced{OrderId: "o-9"})
-	done := make(chan struct{})
-	ctx, cancel := context.WithCancel(context.Background())
-	go func() { defer close(done); _ = c.Run(ctx) }()
+	stop := env.Start(t, c)
 	dlq := env.DLQ(t, ordersv1.OrderPlacedDLQTopic, 1)
-	cancel()
-	<-done
+	stop()
 	if dlq[0].EventID != id.String() || dlq[0].Consumer != "strict" || string(dlq[0].Key) != "o-9" {
 		t.Fatalf("DLQ entry %+v, want %s from consumer strict", dlq[0], id)
 	}

@@ -37,8 +37,10 @@ func TestShippingWithTheTestKit(t *testing.T) {
 	poison := env.Publish(t, &ordersv1.OrderPlaced{OrderId: "o-3", Country: "ZZ"})
 	env.Publish(t, &ordersv1.OrderPlaced{OrderId: "o-1", Country: "DE"}, events.WithEventID(first)) // a relay re-send
 
-	env.ConsumeUntil(t, c, shipping.ConsumerName, 2)
+	stop := env.Start(t, c)
+	env.WaitApplied(t, shipping.ConsumerName, 2)
 	dlq := env.DLQ(t, ordersv1.OrderPlacedDLQTopic, 1)
+	stop()
 	if len(dlq) != 1 || dlq[0].EventID != poison.String() || dlq[0].Attempts != 2 {
 		t.Fatalf("DLQ = %+v, want the poison order %s after 2 attempts", dlq, poison)
 	}
