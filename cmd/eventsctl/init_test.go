@@ -110,13 +110,28 @@ func TestInitEndToEnd(t *testing.T) {
 		t.Errorf("go run: %v: %q", err, out)
 	}
 
-	// A breaking edit: the compat check fails generation.
+	// The CI recipe's baseline: the generated state, committed.
+	for _, step := range [][]string{{"git", "init", "-q", "-b", "main"}, {"git", "add", "-A"},
+		{"git", "-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "init"}} {
+		if out, err := run(step[0], step[1:]...); err != nil {
+			t.Fatalf("%s: %v\n%s", strings.Join(step, " "), err, out)
+		}
+	}
+
+	// A breaking edit: the compat check fails generation, and the CI
+	// recipe's check against the main branch fails too.
 	proto, _ := os.ReadFile(sample)
 	os.WriteFile(sample, bytes.Replace(proto, []byte("string name = 2;"), []byte("int64 name = 2;"), 1), 0o644)
 	if out, err := run(buf, "generate"); err == nil || !strings.Contains(out, "FIELD_TYPE_CHANGED") || !strings.Contains(out, "shop.v1.ExampleCreated.name") {
 		t.Errorf("buf generate after a breaking edit: %v\n%s\nwant a FIELD_TYPE_CHANGED failure", err, out)
 	}
+	if out, err := run("go", "tool", "eventsctl", "compat", "--against", ".git#branch=main"); err == nil || !strings.Contains(out, "FIELD_TYPE_CHANGED") {
+		t.Errorf("eventsctl compat against main after a breaking edit: %v\n%s\nwant a FIELD_TYPE_CHANGED failure", err, out)
+	}
 	os.WriteFile(sample, proto, 0o644)
+	if out, err := run("go", "tool", "eventsctl", "compat", "--against", ".git#branch=main"); err != nil {
+		t.Errorf("eventsctl compat against main, schema unchanged: %v\n%s", err, out)
+	}
 
 	// A misplaced lock: out: gen without lock_out is an error, not a notice.
 	tmpl, _ := os.ReadFile(filepath.Join(dir, "buf.gen.yaml"))
