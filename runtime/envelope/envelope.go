@@ -11,6 +11,8 @@
 package envelope
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -176,7 +178,7 @@ func New(ev events.Event, po events.PublishOptions, o Options) (*Envelope, error
 	case !o.Format.Valid():
 		err = fmt.Errorf("unknown format %v", o.Format)
 	case o.Format.payloadIsJSON():
-		env.Payload, err = payloadJSON.Marshal(ev)
+		env.Payload, err = marshalJSON(ev)
 	default:
 		env.Payload, err = payloadProto.Marshal(ev)
 	}
@@ -194,6 +196,21 @@ var (
 	payloadProto    = proto.MarshalOptions{Deterministic: true}
 	payloadJSONRead = protojson.UnmarshalOptions{DiscardUnknown: true}
 )
+
+// marshalJSON encodes the payload as compact protojson. protojson varies its
+// spacing from build to build on purpose; compacting makes the bytes stable
+// and as small as they get (the whole value in the CloudEvents JSON format).
+func marshalJSON(m proto.Message) ([]byte, error) {
+	b, err := payloadJSON.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	if err := json.Compact(&out, b); err != nil {
+		return nil, err
+	}
+	return out.Bytes(), nil
+}
 
 // UnmarshalPayload decodes the payload into dst, a message of the
 // envelope's event type. Unknown fields (added by a newer producer) are
