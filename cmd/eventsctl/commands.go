@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"slices"
@@ -98,7 +97,7 @@ health check on --metrics-addr.`)
 	poll := fs.Duration("poll", 5*time.Second, "fallback poll interval; new rows wake the relay at once via LISTEN/NOTIFY")
 	retention := fs.Duration("retention", 24*time.Hour, "keep published rows this long before deleting them")
 	metricsAddr := fs.String("metrics-addr", ":9090", `address serving /metrics and /healthz ("" disables)`)
-	logJSON := fs.Bool("log-json", false, "log as JSON instead of text")
+	newLogger := logFlags(fs, env)
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -114,11 +113,10 @@ health check on --metrics-addr.`)
 	if *poll <= 0 || *retention <= 0 {
 		return fmt.Errorf("%w: --poll and --retention must be positive", errUsage)
 	}
-	var handler slog.Handler = slog.NewTextHandler(env.stderr, nil)
-	if *logJSON {
-		handler = slog.NewJSONHandler(env.stderr, nil)
+	log, err := newLogger()
+	if err != nil {
+		return err
 	}
-	log := slog.New(handler)
 	pool, err := connect(ctx, *db)
 	if err != nil {
 		return err

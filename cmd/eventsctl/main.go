@@ -43,6 +43,7 @@ var commands = []command{
 	{"prune", "delete dedup rows older than the retention", runPrune},
 	{"compat", "check event schemas for breaking changes against a baseline", runCompat},
 	{"version", "print the version", runVersion},
+	{"init", "scaffold protoevents in a Go module: buf config, options, a sample event, CI", runInit},
 }
 
 // cliEnv carries the process's streams and environment, so tests run

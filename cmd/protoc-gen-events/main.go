@@ -33,6 +33,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/pluginpb"
 
+	"github.com/protoevents/protoevents/internal/catalog"
 	"github.com/protoevents/protoevents/internal/compat"
 	"github.com/protoevents/protoevents/internal/gen"
 )
@@ -55,7 +56,11 @@ Plugin parameters (buf.gen.yaml opt, or protoc --events_opt):
                 The lock is read relative to where buf runs and written
                 relative to out: with out: . they agree.
   lock_out=<path> where to write the lock, relative to out, when out is not
-                "." (e.g. out: gen, lock=gen/events.lock, lock_out=events.lock).`
+                "." (e.g. out: gen, lock=gen/events.lock, lock_out=events.lock).
+  catalog=<path> write an AsyncAPI 3.0 document of the events at <path>
+                (relative to out, e.g. docs/events.asyncapi.yaml) and a
+                Markdown catalog beside it (docs/events.md).
+  catalog_title=<text>, catalog_version=<v>  the catalog's title and version.`
 
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdin, os.Stdout, os.Stderr))
@@ -100,6 +105,9 @@ func plugin(stdin io.Reader, stdout io.Writer) error {
 	var flags flag.FlagSet
 	lock := flags.String("lock", "", "path of the events.lock snapshot to check against and update")
 	lockOut := flags.String("lock_out", "", "where to write the lock, relative to out (default: the lock path)")
+	catalogPath := flags.String("catalog", "", "write an AsyncAPI 3.0 document of the events there, and a Markdown catalog beside it")
+	catalogTitle := flags.String("catalog_title", "", "the catalog's title")
+	catalogVersion := flags.String("catalog_version", "", "the catalog's version (AsyncAPI info.version)")
 	p, err := protogen.Options{ParamFunc: flags.Set}.New(req)
 	if err != nil {
 		return err
@@ -114,6 +122,11 @@ func plugin(stdin io.Reader, stdout io.Writer) error {
 			out = *lock
 		}
 		if err := compat.CheckGenerationTo(p, *lock, out); err != nil {
+			p.Error(err)
+		}
+	}
+	if *catalogPath != "" {
+		if err := catalog.Generate(p, *catalogPath, catalog.Info{Title: *catalogTitle, Version: *catalogVersion}); err != nil {
 			p.Error(err)
 		}
 	}

@@ -46,7 +46,15 @@ var ratios = []ratio{
 		Explain: "time per business transaction with the outbox insert over without it"},
 	{Name: "consumer dedup overhead, no-dedup / dedup", Pkg: "./runtime/consumer", Num: "BenchmarkConsumer/no-dedup", Den: "BenchmarkConsumer/dedup", Metric: "events/s",
 		Explain: "events/s without the dedup insert over with it (1.25 means dedup costs 20% throughput)"},
+	{Name: "record size, CloudEvents binary JSON / JSON envelope", Pkg: "./runtime/envelope", Num: "BenchmarkWireSize/ce-json", Den: "BenchmarkWireSize/json", Metric: "bytes/record",
+		Explain: "bytes per Kafka record (key + value + headers) of the demo's OrderPlaced: payload-only value over the envelope"},
+	{Name: "record size, CloudEvents binary Protobuf / Protobuf envelope", Pkg: "./runtime/envelope", Num: "BenchmarkWireSize/ce-proto", Den: "BenchmarkWireSize/proto", Metric: "bytes/record",
+		Explain: "bytes per Kafka record of the same event, binary Protobuf payload alone over the Protobuf envelope"},
 }
+
+// wireFormats are the sub-benchmarks of BenchmarkWireSize, one per
+// envelope.Format, listed in the bytes-per-record table.
+var wireFormats = []string{"json", "proto", "ce-json", "ce-proto"}
 
 func main() {
 	count := flag.Int("count", 5, "rounds of each benchmark")
@@ -67,7 +75,9 @@ func main() {
 		os.Exit(2)
 	}
 	results := parse(&out)
-	if !report(os.Stdout, results) {
+	ok := report(os.Stdout, results)
+	sizeTable(os.Stdout, results)
+	if !ok {
 		os.Exit(1)
 	}
 }
@@ -213,6 +223,20 @@ func report(w io.Writer, res results) bool {
 		fmt.Fprintf(w, "  ratio %.2fx (min %.2f, max %.2f, %d rounds)%s\n", median(rs), rs[0], rs[len(rs)-1], len(rs), verdict)
 	}
 	return ok
+}
+
+// sizeTable prints the bytes per record of every wire format against the
+// JSON envelope, the default.
+func sizeTable(w io.Writer, res results) {
+	base := median(res["BenchmarkWireSize/json"]["bytes/record"])
+	if base == 0 {
+		return
+	}
+	fmt.Fprintln(w, "\nbytes per record by wire format (the demo's OrderPlaced, with correlation ID and traceparent)")
+	for _, f := range wireFormats {
+		b := res["BenchmarkWireSize/"+f]
+		fmt.Fprintf(w, "  %-9s %5.0f bytes/record (value %4.0f)  %.2fx of json\n", f, median(b["bytes/record"]), median(b["value-bytes/record"]), median(b["bytes/record"])/base)
+	}
 }
 
 func median(v []float64) float64 {

@@ -15,6 +15,10 @@ BenchmarkProducer/business-only-2    	     100	  2000 ns/op
 BenchmarkProducer/business+outbox-2  	     100	  3000 ns/op
 BenchmarkConsumer/dedup-2            	       1	   100 ns/op	      800 events/s
 BenchmarkConsumer/no-dedup-2         	       1	   100 ns/op	     1000 events/s
+BenchmarkWireSize/json-2         	     100	     20702 ns/op	       750.0 bytes/record	       450.0 value-bytes/record
+BenchmarkWireSize/proto-2        	     100	     10695 ns/op	       507.0 bytes/record	       203.0 value-bytes/record
+BenchmarkWireSize/ce-json-2      	     100	      7028 ns/op	       454.0 bytes/record	       179.0 value-bytes/record
+BenchmarkWireSize/ce-proto-2     	     100	      2760 ns/op	       335.0 bytes/record	        56.00 value-bytes/record
 PASS
 `
 
@@ -31,10 +35,19 @@ func TestParseAndReport(t *testing.T) {
 		"ratio 32.50x (min 15.00, max 50.00, 2 rounds)  target >= 20.0: met", // median of 50 and 15
 		"ratio 1.50x",
 		"ratio 1.25x",
+		"ratio 0.61x", // 454 / 750
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("report lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+func TestSizeTable(t *testing.T) {
+	var out bytes.Buffer
+	sizeTable(&out, parse(strings.NewReader(sample)))
+	if want := "ce-proto    335 bytes/record (value   56)  0.45x of json"; !strings.Contains(out.String(), want) {
+		t.Errorf("size table lacks %q:\n%s", want, out.String())
 	}
 }
 

@@ -32,7 +32,9 @@ import (
 //
 // The check needs every event in one request: configure the plugin with
 // strategy: all in buf.gen.yaml, or events of other directories are reported
-// as removed.
+// as removed. When buf.gen.yaml sits in the working directory, a template
+// that writes the lock elsewhere than it is read, or without strategy: all,
+// is an error (a misplaced lock would silently disable the check).
 func CheckGeneration(p *protogen.Plugin, lockPath string) error {
 	return CheckGenerationTo(p, lockPath, lockPath)
 }
@@ -49,6 +51,9 @@ func CheckGenerationTo(p *protogen.Plugin, lockPath, outName string) error {
 	}
 	if lockPath == "" {
 		return errors.New("compat: no lock path")
+	}
+	if err := checkPlacement(lockPath); err != nil {
+		return err
 	}
 	var files []protoreflect.FileDescriptor
 	for _, f := range p.Files {

@@ -202,7 +202,9 @@ func keyExpr(path []*protogen.Field) (form string, expr jen.Code, err error) {
 func renderProducer(f *jen.File, ev *event) {
 	n, m, full := ev.names, ev.msg, ev.msg.Desc.FullName()
 	ctx := jen.Id("ctx").Qual("context", "Context")
-	tx := jen.Id("tx").Qual(pgxPkg, "Tx")
+	// outbox.Tx: a pgx.Tx as is, or a database/sql transaction through
+	// outbox.SQLTx.
+	tx := jen.Id("tx").Qual(outboxPkg, "Tx")
 	opts := jen.Id("opts").Op("...").Qual(runtimePkg, "PublishOption")
 	recv := jen.Id("p").Op("*").Id(n.Producer)
 	eventID := jen.Qual(runtimePkg, "EventID")
@@ -221,7 +223,8 @@ func renderProducer(f *jen.File, ev *event) {
 
 	f.Add(doc(
 		"Publish writes ev to the outbox within tx and returns its event ID.",
-		"Nothing is published unless tx commits.",
+		"Nothing is published unless tx commits. tx is a pgx.Tx, or a database/sql",
+		"transaction wrapped with outbox.SQLTx.",
 	))
 	f.Func().Params(recv.Clone()).Id("Publish").
 		Params(ctx.Clone(), tx.Clone(), jen.Id("ev").Add(msgPtr(m)), opts.Clone()).

@@ -1,157 +1,46 @@
-// Package testenv gives integration tests their real dependencies: a
-// Postgres schema of their own on a shared server, and a Kafka cluster
-// reached over TCP.
-//
-// The server is $PROTOEVENTS_TEST_DATABASE_URL when set, else a throwaway
-// cluster started once per test binary with initdb and pg_ctl. Kafka is
-// $PROTOEVENTS_KAFKA_BROKERS when set, else an in-process kfake cluster per
-// test. A package using DB must call Main from its TestMain so the
-// throwaway server is stopped when the tests end:
+// Package testenv gives the project's integration tests their real
+// dependencies. It forwards to eventstest/servers, the base of the public
+// test kit, which now holds the code: a Postgres schema of the test's own on a shared server
+// ($PROTOEVENTS_TEST_DATABASE_URL or a throwaway cluster) and a Kafka cluster
+// reached over TCP ($PROTOEVENTS_KAFKA_BROKERS or in-process). A package
+// using DB must call Main from its TestMain:
 //
 //	func TestMain(m *testing.M) { testenv.Main(m) }
 package testenv
 
 import (
-	"context"
-	"crypto/rand"
-	"encoding/hex"
-	"fmt"
-	"os"
-	"sync"
 	"testing"
-	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/protoevents/protoevents/internal/kafkacluster"
-	"github.com/protoevents/protoevents/internal/pgcluster"
+	"github.com/protoevents/protoevents/eventstest/kafkacluster"
+	"github.com/protoevents/protoevents/eventstest/servers"
 )
 
-// EnvDatabaseURL names the variable holding the URL of a server tests may
-// create schemas in. Without it a throwaway cluster is started.
-const EnvDatabaseURL = "PROTOEVENTS_TEST_DATABASE_URL"
+// EnvDatabaseURL is servers.EnvDatabaseURL.
+const EnvDatabaseURL = servers.EnvDatabaseURL
 
-var server struct {
-	once    sync.Once
-	url     string
-	err     error
-	cluster *pgcluster.Cluster
-}
+// Main is servers.Main.
+func Main(m *testing.M) { servers.Main(m) }
 
-// Main runs the package's tests, then stops the throwaway server, if one was
-// started, and exits with the tests' status.
-func Main(m *testing.M) {
-	code := m.Run()
-	if server.cluster != nil {
-		if err := server.cluster.Stop(); err != nil {
-			fmt.Fprintln(os.Stderr, "testenv:", err)
-		}
-	}
-	os.Exit(code)
-}
+// ServerURL is servers.ServerURL.
+func ServerURL(t testing.TB) string { t.Helper(); return servers.ServerURL(t) }
 
-// ServerURL returns the URL of the shared server, starting it on first use.
-func ServerURL(t testing.TB) string {
-	t.Helper()
-	server.once.Do(func() {
-		if u := os.Getenv(EnvDatabaseURL); u != "" {
-			server.url = u
-			return
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-		defer cancel()
-		server.cluster, server.err = pgcluster.Start(ctx)
-		if server.err == nil {
-			server.url = server.cluster.URL
-		}
-	})
-	if server.err != nil {
-		t.Fatalf("testenv: no database: %v (set %s to use an existing server)", server.err, EnvDatabaseURL)
-	}
-	return server.url
-}
+// DB is servers.DB.
+func DB(t testing.TB) (*pgxpool.Pool, string) { t.Helper(); return servers.DB(t) }
 
-// DB returns a pool whose connections use a new, empty schema of the test's
-// own (search_path), so tests run in parallel without seeing each other's
-// tables. The schema and pool go away when the test ends. It also returns the
-// schema's name.
-func DB(t testing.TB) (*pgxpool.Pool, string) {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	url := ServerURL(t)
-	schema := "t_" + randomSuffix()
-	admin, err := pgx.Connect(ctx, url)
-	if err != nil {
-		t.Fatalf("testenv: connect: %v", err)
-	}
-	defer admin.Close(ctx)
-	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
-		t.Fatalf("testenv: create schema: %v", err)
-	}
-	cfg, err := pgxpool.ParseConfig(url)
-	if err != nil {
-		t.Fatalf("testenv: %v", err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = schema
-	cfg.MaxConns = 16
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatalf("testenv: pool: %v", err)
-	}
-	t.Cleanup(func() {
-		pool.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		conn, err := pgx.Connect(ctx, url)
-		if err != nil {
-			t.Errorf("testenv: drop schema: %v", err)
-			return
-		}
-		defer conn.Close(ctx)
-		if _, err := conn.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE"); err != nil {
-			t.Errorf("testenv: drop schema: %v", err)
-		}
-	})
-	return pool, schema
-}
-
-// Kafka returns a cluster for the test: the real one named in
-// $PROTOEVENTS_KAFKA_BROKERS, or a new in-process cluster closed when the
-// test ends.
+// Kafka is servers.Kafka.
 func Kafka(t testing.TB, opts ...kfake.Opt) *kafkacluster.Cluster {
 	t.Helper()
-	c, err := kafkacluster.Start(opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c
+	return servers.Kafka(t, opts...)
 }
 
-// FakeKafka returns an in-process cluster even when a real one is
-// configured, for tests that inject broker faults.
+// FakeKafka is servers.FakeKafka.
 func FakeKafka(t testing.TB, opts ...kfake.Opt) *kafkacluster.Cluster {
 	t.Helper()
-	c, err := kafkacluster.StartFake(opts...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
-	return c
+	return servers.FakeKafka(t, opts...)
 }
 
-// Topic returns a topic name unique to this run, so tests can share a real
-// cluster.
-func Topic(t testing.TB, base string) string {
-	t.Helper()
-	return base + "-" + randomSuffix()
-}
-
-func randomSuffix() string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
+// Topic is servers.Topic.
+func Topic(t testing.TB, base string) string { t.Helper(); return servers.Topic(t, base) }

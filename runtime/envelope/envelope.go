@@ -2,10 +2,17 @@
 // (ULID event ID, type, schema version, time, producer, correlation and
 // causation IDs) wrapped around the payload, encoded as JSON (the default,
 // payload via protojson) or binary Protobuf, with the metadata mirrored in
-// CloudEvents-style Kafka headers.
+// CloudEvents Kafka-binding headers (ce_*).
+//
+// The CloudEvents formats (FormatCloudEventsJSON, FormatCloudEventsProto)
+// drop the wrapper: the value is the payload alone and the metadata travels
+// only in the headers, which is CloudEvents' binary content mode. Decode
+// reads all four, so producers can switch format while consumers run.
 package envelope
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -26,7 +33,31 @@ const (
 	FormatJSON Format = iota
 	// FormatProto encodes the envelope as binary Protobuf (events.v1.Envelope).
 	FormatProto
+	// FormatCloudEventsJSON is CloudEvents' binary content mode with a JSON
+	// payload: the value is the payload alone (protojson), the metadata is
+	// in the ce_* headers only, content-type application/json. Smaller
+	// records; any CloudEvents Kafka consumer reads them.
+	FormatCloudEventsJSON
+	// FormatCloudEventsProto is CloudEvents' binary content mode with a
+	// binary Protobuf payload (content-type application/protobuf).
+	FormatCloudEventsProto
 )
+
+// Formats lists every wire format, in the order of their values.
+var Formats = []Format{FormatJSON, FormatProto, FormatCloudEventsJSON, FormatCloudEventsProto}
+
+// Valid tells whether f is one of the formats above.
+func (f Format) Valid() bool { return f >= FormatJSON && f <= FormatCloudEventsProto }
+
+// payloadIsJSON tells whether the payload is protojson (else binary
+// Protobuf).
+func (f Format) payloadIsJSON() bool { return f == FormatJSON || f == FormatCloudEventsJSON }
+
+// cloudEventsBinary tells whether the value is the payload alone, the
+// metadata living in the headers.
+func (f Format) cloudEventsBinary() bool {
+	return f == FormatCloudEventsJSON || f == FormatCloudEventsProto
+}
 
 // String returns the format's name as used in flags and configuration.
 func (f Format) String() string {
@@ -35,34 +66,50 @@ func (f Format) String() string {
 		return "json"
 	case FormatProto:
 		return "proto"
+	case FormatCloudEventsJSON:
+		return "ce-json"
+	case FormatCloudEventsProto:
+		return "ce-proto"
 	default:
 		return fmt.Sprintf("Format(%d)", int(f))
 	}
 }
 
-// ParseFormat parses "json" or "proto".
+// ParseFormat parses "json", "proto", "ce-json" or "ce-proto".
 func ParseFormat(s string) (Format, error) {
 	switch s {
 	case "json", "":
 		return FormatJSON, nil
 	case "proto", "protobuf":
 		return FormatProto, nil
+	case "ce-json":
+		return FormatCloudEventsJSON, nil
+	case "ce-proto", "ce-protobuf":
+		return FormatCloudEventsProto, nil
 	}
-	return 0, fmt.Errorf("envelope: unknown format %q (want json or proto)", s)
+	return 0, fmt.Errorf("envelope: unknown format %q (want json, proto, ce-json or ce-proto)", s)
 }
 
 // ContentType returns the media type recorded in the content-type header.
 func (f Format) ContentType() string {
-	if f == FormatProto {
+	switch f {
+	case FormatProto:
 		return ContentTypeProto
+	case FormatCloudEventsJSON:
+		return ContentTypePayloadJSON
+	case FormatCloudEventsProto:
+		return ContentTypePayloadProto
 	}
 	return ContentTypeJSON
 }
 
-// Media types of the two wire forms.
+// Media types of the wire forms: the two envelopes, and the payloads alone
+// (CloudEvents binary content mode, where content-type is the data's type).
 const (
-	ContentTypeJSON  = "application/vnd.protoevents.envelope+json"
-	ContentTypeProto = "application/vnd.protoevents.envelope+protobuf"
+	ContentTypeJSON         = "application/vnd.protoevents.envelope+json"
+	ContentTypeProto        = "application/vnd.protoevents.envelope+protobuf"
+	ContentTypePayloadJSON  = "application/json"
+	ContentTypePayloadProto = "application/protobuf"
 )
 
 // Envelope is one event occurrence as it travels: metadata plus payload.
@@ -127,13 +174,13 @@ func New(ev events.Event, po events.PublishOptions, o Options) (*Envelope, error
 		env.Producer = d.Producer
 	}
 	var err error
-	switch o.Format {
-	case FormatJSON:
-		env.Payload, err = payloadJSON.Marshal(ev)
-	case FormatProto:
-		env.Payload, err = payloadProto.Marshal(ev)
-	default:
+	switch {
+	case !o.Format.Valid():
 		err = fmt.Errorf("unknown format %v", o.Format)
+	case o.Format.payloadIsJSON():
+		env.Payload, err = marshalJSON(ev)
+	default:
+		env.Payload, err = payloadProto.Marshal(ev)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("envelope: encode %s payload: %w", d.Type, err)
@@ -150,18 +197,33 @@ var (
 	payloadJSONRead = protojson.UnmarshalOptions{DiscardUnknown: true}
 )
 
+// marshalJSON encodes the payload as compact protojson. protojson varies its
+// spacing from build to build on purpose; compacting makes the bytes stable
+// and as small as they get (the whole value in the CloudEvents JSON format).
+func marshalJSON(m proto.Message) ([]byte, error) {
+	b, err := payloadJSON.Marshal(m)
+	if err != nil {
+		return nil, err
+	}
+	var out bytes.Buffer
+	if err := json.Compact(&out, b); err != nil {
+		return nil, err
+	}
+	return out.Bytes(), nil
+}
+
 // UnmarshalPayload decodes the payload into dst, a message of the
 // envelope's event type. Unknown fields (added by a newer producer) are
 // ignored in JSON and kept in Protobuf.
 func (e *Envelope) UnmarshalPayload(dst proto.Message) error {
 	var err error
-	switch e.Format {
-	case FormatJSON:
-		err = payloadJSONRead.Unmarshal(e.Payload, dst)
-	case FormatProto:
-		err = proto.Unmarshal(e.Payload, dst)
-	default:
+	switch {
+	case !e.Format.Valid():
 		err = fmt.Errorf("unknown format %v", e.Format)
+	case e.Format.payloadIsJSON():
+		err = payloadJSONRead.Unmarshal(e.Payload, dst)
+	default:
+		err = proto.Unmarshal(e.Payload, dst)
 	}
 	if err != nil {
 		return &DecodeError{Reason: "payload of " + e.Type + " does not decode", Err: err}

@@ -31,7 +31,7 @@ func newTestEvent(t *testing.T, id string) testEvent {
 
 func TestRoundTrip(t *testing.T) {
 	at := time.Date(2026, 12, 2, 10, 0, 0, 123456789, time.FixedZone("x", 3600))
-	for _, f := range []Format{FormatJSON, FormatProto} {
+	for _, f := range Formats {
 		t.Run(f.String(), func(t *testing.T) {
 			ev := newTestEvent(t, "order-1")
 			env, err := New(ev, events.ApplyPublishOptions([]events.PublishOption{
@@ -67,7 +67,12 @@ func TestRoundTrip(t *testing.T) {
 			if v, _ := Header(kafka.Message{Headers: headers}, HeaderID); v != env.EventID.String() {
 				t.Fatalf("ce_id header = %q", v)
 			}
-			// Without the content-type header the format is sniffed.
+			// Without the content-type header an envelope's format is
+			// sniffed (a CloudEvents binary record has no metadata without
+			// its headers).
+			if f.cloudEventsBinary() {
+				return
+			}
 			sniffed, err := Decode(kafka.Message{Value: value})
 			if err != nil || sniffed.Format != f {
 				t.Fatalf("sniffing: format %v, err %v", sniffed, err)

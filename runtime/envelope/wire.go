@@ -74,6 +74,9 @@ func (e *Envelope) Encode() ([]byte, []kafka.Header, error) {
 			TraceParent:   e.TraceParent,
 			Payload:       e.Payload,
 		})
+	case FormatCloudEventsJSON, FormatCloudEventsProto:
+		// Binary content mode: the headers carry the metadata.
+		value = e.Payload
 	default:
 		err = fmt.Errorf("unknown format %v", e.Format)
 	}
@@ -118,6 +121,11 @@ func Decode(m kafka.Message) (*Envelope, error) {
 	env := &Envelope{Format: format}
 	env.Key = m.Key
 	switch format {
+	case FormatCloudEventsJSON, FormatCloudEventsProto:
+		if err := env.readHeaders(m); err != nil {
+			return nil, err
+		}
+		env.Payload = m.Value
 	case FormatJSON:
 		var j jsonEnvelope
 		dec := json.NewDecoder(bytes.NewReader(m.Value))
@@ -174,19 +182,54 @@ func parseID(s string) (ulid.ULID, error) {
 	return id, nil
 }
 
+// readHeaders fills the metadata from the ce_* headers of a message in
+// CloudEvents binary content mode.
+func (e *Envelope) readHeaders(m kafka.Message) error {
+	var err error
+	id, _ := Header(m, HeaderID)
+	if e.EventID, err = parseID(id); err != nil {
+		return err
+	}
+	e.Type, _ = Header(m, HeaderType)
+	if v, ok := Header(m, HeaderSchemaVersion); ok {
+		n, err := strconv.ParseUint(v, 10, 32)
+		if err != nil {
+			return &DecodeError{Reason: fmt.Sprintf("header %s %q is not a version number", HeaderSchemaVersion, v), Err: err}
+		}
+		e.SchemaVersion = uint32(n)
+	}
+	if v, ok := Header(m, HeaderTime); ok {
+		if e.OccurredAt, err = time.Parse(time.RFC3339Nano, v); err != nil {
+			return &DecodeError{Reason: fmt.Sprintf("header %s %q is not an RFC 3339 time", HeaderTime, v), Err: err}
+		}
+	}
+	e.Producer, _ = Header(m, HeaderSource)
+	e.CorrelationID, _ = Header(m, HeaderCorrelationID)
+	e.CausationID, _ = Header(m, HeaderCausationID)
+	e.TraceParent, _ = Header(m, HeaderTraceParent)
+	return nil
+}
+
 // formatOf reads the content-type header, or sniffs the value: a JSON
 // envelope is an object, a Protobuf one never starts with '{' (0x7b would be
-// field 15, wire type 3, which events.v1.Envelope does not have).
+// field 15, wire type 3, which events.v1.Envelope does not have). A message
+// with a ce_specversion header and a content-type that is not an envelope's
+// is in CloudEvents binary content mode: its value is the payload alone.
 func formatOf(m kafka.Message) (Format, error) {
+	_, ceBinary := Header(m, HeaderSpecVersion)
 	for _, h := range m.Headers {
 		if h.Key != HeaderContentType {
 			continue
 		}
-		switch string(h.Value) {
-		case ContentTypeJSON, "application/json", "application/cloudevents+json":
+		switch ct := string(h.Value); {
+		case ct == ContentTypeJSON, ct == "application/cloudevents+json", ct == ContentTypePayloadJSON && !ceBinary:
 			return FormatJSON, nil
-		case ContentTypeProto, "application/protobuf", "application/x-protobuf":
+		case ct == ContentTypeProto, (ct == ContentTypePayloadProto || ct == "application/x-protobuf") && !ceBinary:
 			return FormatProto, nil
+		case ct == ContentTypePayloadJSON:
+			return FormatCloudEventsJSON, nil
+		case ct == ContentTypePayloadProto, ct == "application/x-protobuf":
+			return FormatCloudEventsProto, nil
 		default:
 			return 0, &DecodeError{Reason: fmt.Sprintf("unsupported content-type %q", h.Value)}
 		}

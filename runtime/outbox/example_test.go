@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
@@ -57,6 +58,33 @@ func ExampleRelay_Run() {
 		log.Fatal(err)
 	}
 	if err := r.Run(ctx); err != nil { // returns nil after Ctrl-C
+		log.Fatal(err)
+	}
+}
+
+// A service on database/sql writes its events in its own *sql.Tx through
+// SQLTx; the connection uses pgx's stdlib driver.
+func ExampleSQLTx() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	db := stdlib.OpenDBFromPool(pool)
+	w, _ := outbox.NewWriter()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tx.Rollback()
+	if _, err := tx.ExecContext(ctx, `INSERT INTO orders (id) VALUES ($1)`, "o-1"); err != nil {
+		log.Fatal(err)
+	}
+	var ev events.Event // a generated event, e.g. &ordersv1.OrderPlaced{OrderId: "o-1"}
+	if _, err := w.Write(ctx, outbox.SQLTx(tx), ev); err != nil {
+		log.Fatal(err)
+	}
+	if err := tx.Commit(); err != nil {
 		log.Fatal(err)
 	}
 }

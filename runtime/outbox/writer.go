@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/protoevents/protoevents/runtime/envelope"
@@ -46,7 +45,7 @@ func NewWriter(opts ...WriterOption) (*Writer, error) {
 	if err != nil {
 		return nil, err
 	}
-	if c.format != envelope.FormatJSON && c.format != envelope.FormatProto {
+	if !c.format.Valid() {
 		return nil, fmt.Errorf("outbox: unknown envelope format %v", c.format)
 	}
 	return &Writer{table: t, q: newQueries(t.sanitized()), env: envelope.Options{Format: c.format, Producer: c.producer}}, nil
@@ -93,8 +92,9 @@ func (w *Writer) encode(ev events.Event, po events.PublishOptions) (row, error) 
 	return row{id: env.EventID, eventType: env.Type, topic: d.Topic, key: key, value: value, headers: h}, nil
 }
 
-// Write inserts one event into the outbox within tx and returns its ID.
-func (w *Writer) Write(ctx context.Context, tx pgx.Tx, ev events.Event, opts ...events.PublishOption) (events.EventID, error) {
+// Write inserts one event into the outbox within tx (a pgx.Tx, or a
+// database/sql transaction through SQLTx) and returns its ID.
+func (w *Writer) Write(ctx context.Context, tx Tx, ev events.Event, opts ...events.PublishOption) (events.EventID, error) {
 	r, err := w.encode(ev, publishOptions(ctx, opts))
 	if err != nil {
 		return events.EventID{}, err
@@ -109,7 +109,7 @@ func (w *Writer) Write(ctx context.Context, tx pgx.Tx, ev events.Event, opts ...
 // trip and returns their IDs in order. The publish options apply to every
 // event; a fixed event ID (events.WithEventID) is refused for more than one
 // event.
-func (w *Writer) WriteBatch(ctx context.Context, tx pgx.Tx, evs []events.Event, opts ...events.PublishOption) ([]events.EventID, error) {
+func (w *Writer) WriteBatch(ctx context.Context, tx Tx, evs []events.Event, opts ...events.PublishOption) ([]events.EventID, error) {
 	if len(evs) == 0 {
 		return nil, nil
 	}

@@ -86,8 +86,9 @@ func NewStock_AdjustedProducer(w *outbox.Writer) *Stock_AdjustedProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *Stock_AdjustedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *Stock_Adjusted, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *Stock_AdjustedProducer) Publish(ctx context.Context, tx outbox.Tx, ev *Stock_Adjusted, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("inventory.v1.Stock.Adjusted: publish: nil event")
 	}
@@ -96,7 +97,7 @@ func (p *Stock_AdjustedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *Sto
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *Stock_AdjustedProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*Stock_Adjusted, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *Stock_AdjustedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*Stock_Adjusted, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {
@@ -187,8 +188,9 @@ func NewShelfScannedProducer(w *outbox.Writer) *ShelfScannedProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *ShelfScannedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *ShelfScanned, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *ShelfScannedProducer) Publish(ctx context.Context, tx outbox.Tx, ev *ShelfScanned, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("inventory.v1.ShelfScanned: publish: nil event")
 	}
@@ -197,7 +199,7 @@ func (p *ShelfScannedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *Shelf
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *ShelfScannedProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*ShelfScanned, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *ShelfScannedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*ShelfScanned, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {

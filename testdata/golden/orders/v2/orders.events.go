@@ -84,8 +84,9 @@ func NewOrderPlacedProducer(w *outbox.Writer) *OrderPlacedProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *OrderPlacedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *OrderPlaced, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *OrderPlacedProducer) Publish(ctx context.Context, tx outbox.Tx, ev *OrderPlaced, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("orders.v2.OrderPlaced: publish: nil event")
 	}
@@ -94,7 +95,7 @@ func (p *OrderPlacedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *OrderP
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *OrderPlacedProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*OrderPlaced, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *OrderPlacedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*OrderPlaced, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {
@@ -111,7 +112,7 @@ func (p *OrderPlacedProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs [
 // tx in one round trip, ev first. It returns the IDs in that order: ev's, then
 // the old event's. Each event gets its own ID; opts (e.g. the correlation ID)
 // apply to both, so a fixed event ID (events.WithEventID) is refused.
-func (p *OrderPlacedProducer) PublishWithSuperseded(ctx context.Context, tx pgx.Tx, ev *OrderPlaced, down func(*OrderPlaced) (*ordersv1.OrderPlaced, error), opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *OrderPlacedProducer) PublishWithSuperseded(ctx context.Context, tx outbox.Tx, ev *OrderPlaced, down func(*OrderPlaced) (*ordersv1.OrderPlaced, error), opts ...events.PublishOption) ([]events.EventID, error) {
 	if ev == nil {
 		return nil, errors.New("orders.v2.OrderPlaced: publish with superseded: nil event")
 	}

@@ -86,8 +86,9 @@ func NewPaymentCapturedProducer(w *outbox.Writer) *PaymentCapturedProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *PaymentCapturedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *PaymentCaptured, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *PaymentCapturedProducer) Publish(ctx context.Context, tx outbox.Tx, ev *PaymentCaptured, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("payments.v1.PaymentCaptured: publish: nil event")
 	}
@@ -96,7 +97,7 @@ func (p *PaymentCapturedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *Pa
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *PaymentCapturedProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*PaymentCaptured, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *PaymentCapturedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*PaymentCaptured, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {
@@ -187,8 +188,9 @@ func NewLedgerEntryPostedProducer(w *outbox.Writer) *LedgerEntryPostedProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *LedgerEntryPostedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *LedgerEntryPosted, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *LedgerEntryPostedProducer) Publish(ctx context.Context, tx outbox.Tx, ev *LedgerEntryPosted, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("payments.v1.LedgerEntryPosted: publish: nil event")
 	}
@@ -197,7 +199,7 @@ func (p *LedgerEntryPostedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *LedgerEntryPostedProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*LedgerEntryPosted, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *LedgerEntryPostedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*LedgerEntryPosted, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {
@@ -288,8 +290,9 @@ func NewCardFingerprintedProducer(w *outbox.Writer) *CardFingerprintedProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *CardFingerprintedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *CardFingerprinted, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *CardFingerprintedProducer) Publish(ctx context.Context, tx outbox.Tx, ev *CardFingerprinted, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("payments.v1.CardFingerprinted: publish: nil event")
 	}
@@ -298,7 +301,7 @@ func (p *CardFingerprintedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *CardFingerprintedProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*CardFingerprinted, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *CardFingerprintedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*CardFingerprinted, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {
@@ -389,8 +392,9 @@ func NewRefundRequestedProducer(w *outbox.Writer) *RefundRequestedProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *RefundRequestedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *RefundRequested, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *RefundRequestedProducer) Publish(ctx context.Context, tx outbox.Tx, ev *RefundRequested, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("payments.v1.RefundRequested: publish: nil event")
 	}
@@ -399,7 +403,7 @@ func (p *RefundRequestedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *Re
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *RefundRequestedProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*RefundRequested, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *RefundRequestedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*RefundRequested, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {

@@ -83,8 +83,9 @@ func NewParcelShippedProducer(w *outbox.Writer) *ParcelShippedProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *ParcelShippedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *ParcelShipped, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *ParcelShippedProducer) Publish(ctx context.Context, tx outbox.Tx, ev *ParcelShipped, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("shipping.v1.ParcelShipped: publish: nil event")
 	}
@@ -93,7 +94,7 @@ func (p *ParcelShippedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *Parc
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *ParcelShippedProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*ParcelShipped, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *ParcelShippedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*ParcelShipped, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {

@@ -83,8 +83,9 @@ func NewOrderPlacedProducer(w *outbox.Writer) *OrderPlacedProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *OrderPlacedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *OrderPlaced, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *OrderPlacedProducer) Publish(ctx context.Context, tx outbox.Tx, ev *OrderPlaced, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("shop.orders.v1.OrderPlaced: publish: nil event")
 	}
@@ -93,7 +94,7 @@ func (p *OrderPlacedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *OrderP
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *OrderPlacedProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*OrderPlaced, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *OrderPlacedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*OrderPlaced, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {
@@ -184,8 +185,9 @@ func NewOrderCancelledProducer(w *outbox.Writer) *OrderCancelledProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *OrderCancelledProducer) Publish(ctx context.Context, tx pgx.Tx, ev *OrderCancelled, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *OrderCancelledProducer) Publish(ctx context.Context, tx outbox.Tx, ev *OrderCancelled, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("shop.orders.v1.OrderCancelled: publish: nil event")
 	}
@@ -194,7 +196,7 @@ func (p *OrderCancelledProducer) Publish(ctx context.Context, tx pgx.Tx, ev *Ord
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *OrderCancelledProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*OrderCancelled, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *OrderCancelledProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*OrderCancelled, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {

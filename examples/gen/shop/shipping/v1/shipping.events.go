@@ -85,8 +85,9 @@ func NewShipmentCreatedProducer(w *outbox.Writer) *ShipmentCreatedProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *ShipmentCreatedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *ShipmentCreated, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *ShipmentCreatedProducer) Publish(ctx context.Context, tx outbox.Tx, ev *ShipmentCreated, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("shop.shipping.v1.ShipmentCreated: publish: nil event")
 	}
@@ -95,7 +96,7 @@ func (p *ShipmentCreatedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *Sh
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *ShipmentCreatedProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*ShipmentCreated, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *ShipmentCreatedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*ShipmentCreated, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {

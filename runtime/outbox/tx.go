@@ -1,0 +1,32 @@
+package outbox
+
+import (
+	"context"
+	"database/sql"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Tx is the caller's open transaction a Writer writes in. A pgx.Tx (from
+// pgx.Conn or pgxpool.Pool) satisfies it as is, at no cost; a database/sql
+// transaction does through SQLTx.
+type Tx interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+}
+
+// SQLTx adapts a database/sql transaction for Writer (and generated
+// producers), so code on database/sql (sqlx, sqlc's database/sql mode, ent,
+// GORM's underlying *sql.Tx) writes its events in its own transaction. The
+// connection must use pgx's stdlib driver (github.com/jackc/pgx/v5/stdlib,
+// e.g. stdlib.OpenDBFromPool), which passes the batch insert's arrays
+// through as Postgres arrays.
+func SQLTx(tx *sql.Tx) Tx { return sqlTx{tx} }
+
+type sqlTx struct{ tx *sql.Tx }
+
+// Exec runs the statement in the database/sql transaction. The command tag
+// is not reported (database/sql has none); the Writer does not read it.
+func (s sqlTx) Exec(ctx context.Context, query string, args ...any) (pgconn.CommandTag, error) {
+	_, err := s.tx.ExecContext(ctx, query, args...)
+	return pgconn.CommandTag{}, err
+}
