@@ -83,8 +83,9 @@ func NewChargeCardProducer(w *outbox.Writer) *ChargeCardProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *ChargeCardProducer) Publish(ctx context.Context, tx pgx.Tx, ev *ChargeCard, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *ChargeCardProducer) Publish(ctx context.Context, tx outbox.Tx, ev *ChargeCard, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("shop.payments.v1.ChargeCard: publish: nil event")
 	}
@@ -93,7 +94,7 @@ func (p *ChargeCardProducer) Publish(ctx context.Context, tx pgx.Tx, ev *ChargeC
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *ChargeCardProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*ChargeCard, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *ChargeCardProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*ChargeCard, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {
@@ -184,8 +185,9 @@ func NewCardChargedProducer(w *outbox.Writer) *CardChargedProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *CardChargedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *CardCharged, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *CardChargedProducer) Publish(ctx context.Context, tx outbox.Tx, ev *CardCharged, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("shop.payments.v1.CardCharged: publish: nil event")
 	}
@@ -194,7 +196,7 @@ func (p *CardChargedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *CardCh
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *CardChargedProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*CardCharged, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *CardChargedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*CardCharged, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {
@@ -285,8 +287,9 @@ func NewCardDeclinedProducer(w *outbox.Writer) *CardDeclinedProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *CardDeclinedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *CardDeclined, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *CardDeclinedProducer) Publish(ctx context.Context, tx outbox.Tx, ev *CardDeclined, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("shop.payments.v1.CardDeclined: publish: nil event")
 	}
@@ -295,7 +298,7 @@ func (p *CardDeclinedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *CardD
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *CardDeclinedProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*CardDeclined, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *CardDeclinedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*CardDeclined, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {
@@ -387,8 +390,9 @@ func NewRefundCardProducer(w *outbox.Writer) *RefundCardProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *RefundCardProducer) Publish(ctx context.Context, tx pgx.Tx, ev *RefundCard, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *RefundCardProducer) Publish(ctx context.Context, tx outbox.Tx, ev *RefundCard, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("shop.payments.v1.RefundCard: publish: nil event")
 	}
@@ -397,7 +401,7 @@ func (p *RefundCardProducer) Publish(ctx context.Context, tx pgx.Tx, ev *RefundC
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *RefundCardProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*RefundCard, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *RefundCardProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*RefundCard, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {
@@ -488,8 +492,9 @@ func NewCardRefundedProducer(w *outbox.Writer) *CardRefundedProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *CardRefundedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *CardRefunded, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *CardRefundedProducer) Publish(ctx context.Context, tx outbox.Tx, ev *CardRefunded, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("shop.payments.v1.CardRefunded: publish: nil event")
 	}
@@ -498,7 +503,7 @@ func (p *CardRefundedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *CardR
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *CardRefundedProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*CardRefunded, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *CardRefundedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*CardRefunded, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {
@@ -590,8 +595,9 @@ func NewRefundFailedProducer(w *outbox.Writer) *RefundFailedProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *RefundFailedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *RefundFailed, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *RefundFailedProducer) Publish(ctx context.Context, tx outbox.Tx, ev *RefundFailed, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("shop.payments.v1.RefundFailed: publish: nil event")
 	}
@@ -600,7 +606,7 @@ func (p *RefundFailedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *Refun
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *RefundFailedProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*RefundFailed, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *RefundFailedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*RefundFailed, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {

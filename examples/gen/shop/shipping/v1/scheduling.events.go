@@ -84,8 +84,9 @@ func NewScheduleShippingProducer(w *outbox.Writer) *ScheduleShippingProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *ScheduleShippingProducer) Publish(ctx context.Context, tx pgx.Tx, ev *ScheduleShipping, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *ScheduleShippingProducer) Publish(ctx context.Context, tx outbox.Tx, ev *ScheduleShipping, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("shop.shipping.v1.ScheduleShipping: publish: nil event")
 	}
@@ -94,7 +95,7 @@ func (p *ScheduleShippingProducer) Publish(ctx context.Context, tx pgx.Tx, ev *S
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *ScheduleShippingProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*ScheduleShipping, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *ScheduleShippingProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*ScheduleShipping, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {
@@ -186,8 +187,9 @@ func NewShippingScheduledProducer(w *outbox.Writer) *ShippingScheduledProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *ShippingScheduledProducer) Publish(ctx context.Context, tx pgx.Tx, ev *ShippingScheduled, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *ShippingScheduledProducer) Publish(ctx context.Context, tx outbox.Tx, ev *ShippingScheduled, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("shop.shipping.v1.ShippingScheduled: publish: nil event")
 	}
@@ -196,7 +198,7 @@ func (p *ShippingScheduledProducer) Publish(ctx context.Context, tx pgx.Tx, ev *
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *ShippingScheduledProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*ShippingScheduled, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *ShippingScheduledProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*ShippingScheduled, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {
@@ -289,8 +291,9 @@ func NewShippingRefusedProducer(w *outbox.Writer) *ShippingRefusedProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *ShippingRefusedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *ShippingRefused, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *ShippingRefusedProducer) Publish(ctx context.Context, tx outbox.Tx, ev *ShippingRefused, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("shop.shipping.v1.ShippingRefused: publish: nil event")
 	}
@@ -299,7 +302,7 @@ func (p *ShippingRefusedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *Sh
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *ShippingRefusedProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*ShippingRefused, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *ShippingRefusedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*ShippingRefused, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {

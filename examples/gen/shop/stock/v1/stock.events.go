@@ -83,8 +83,9 @@ func NewReserveStockProducer(w *outbox.Writer) *ReserveStockProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *ReserveStockProducer) Publish(ctx context.Context, tx pgx.Tx, ev *ReserveStock, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *ReserveStockProducer) Publish(ctx context.Context, tx outbox.Tx, ev *ReserveStock, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("shop.stock.v1.ReserveStock: publish: nil event")
 	}
@@ -93,7 +94,7 @@ func (p *ReserveStockProducer) Publish(ctx context.Context, tx pgx.Tx, ev *Reser
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *ReserveStockProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*ReserveStock, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *ReserveStockProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*ReserveStock, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {
@@ -184,8 +185,9 @@ func NewStockReservedProducer(w *outbox.Writer) *StockReservedProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *StockReservedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *StockReserved, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *StockReservedProducer) Publish(ctx context.Context, tx outbox.Tx, ev *StockReserved, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("shop.stock.v1.StockReserved: publish: nil event")
 	}
@@ -194,7 +196,7 @@ func (p *StockReservedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *Stoc
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *StockReservedProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*StockReserved, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *StockReservedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*StockReserved, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {
@@ -285,8 +287,9 @@ func NewStockUnavailableProducer(w *outbox.Writer) *StockUnavailableProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *StockUnavailableProducer) Publish(ctx context.Context, tx pgx.Tx, ev *StockUnavailable, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *StockUnavailableProducer) Publish(ctx context.Context, tx outbox.Tx, ev *StockUnavailable, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("shop.stock.v1.StockUnavailable: publish: nil event")
 	}
@@ -295,7 +298,7 @@ func (p *StockUnavailableProducer) Publish(ctx context.Context, tx pgx.Tx, ev *S
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *StockUnavailableProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*StockUnavailable, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *StockUnavailableProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*StockUnavailable, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {
@@ -388,8 +391,9 @@ func NewReleaseStockProducer(w *outbox.Writer) *ReleaseStockProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *ReleaseStockProducer) Publish(ctx context.Context, tx pgx.Tx, ev *ReleaseStock, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *ReleaseStockProducer) Publish(ctx context.Context, tx outbox.Tx, ev *ReleaseStock, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("shop.stock.v1.ReleaseStock: publish: nil event")
 	}
@@ -398,7 +402,7 @@ func (p *ReleaseStockProducer) Publish(ctx context.Context, tx pgx.Tx, ev *Relea
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *ReleaseStockProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*ReleaseStock, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *ReleaseStockProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*ReleaseStock, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {
@@ -489,8 +493,9 @@ func NewStockReleasedProducer(w *outbox.Writer) *StockReleasedProducer {
 }
 
 // Publish writes ev to the outbox within tx and returns its event ID. Nothing
-// is published unless tx commits.
-func (p *StockReleasedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *StockReleased, opts ...events.PublishOption) (events.EventID, error) {
+// is published unless tx commits. tx is a pgx.Tx, or a database/sql transaction
+// wrapped with outbox.SQLTx.
+func (p *StockReleasedProducer) Publish(ctx context.Context, tx outbox.Tx, ev *StockReleased, opts ...events.PublishOption) (events.EventID, error) {
 	if ev == nil {
 		return events.EventID{}, errors.New("shop.stock.v1.StockReleased: publish: nil event")
 	}
@@ -499,7 +504,7 @@ func (p *StockReleasedProducer) Publish(ctx context.Context, tx pgx.Tx, ev *Stoc
 
 // PublishBatch writes evs to the outbox within tx in one round trip and returns
 // their event IDs in the order of evs. Nothing is published unless tx commits.
-func (p *StockReleasedProducer) PublishBatch(ctx context.Context, tx pgx.Tx, evs []*StockReleased, opts ...events.PublishOption) ([]events.EventID, error) {
+func (p *StockReleasedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*StockReleased, opts ...events.PublishOption) ([]events.EventID, error) {
 	batch := make([]events.Event, len(evs))
 	for i, ev := range evs {
 		if ev == nil {
