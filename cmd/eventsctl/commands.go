@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,10 +10,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -26,21 +23,6 @@ import (
 	"github.com/protoevents/protoevents/runtime/prommetrics"
 	"github.com/protoevents/protoevents/runtime/topics"
 )
-
-// connect opens a pool and checks that the server answers.
-func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	pool, err := pgxpool.New(ctx, url)
-	if err != nil {
-		return nil, fmt.Errorf("database: %w", err)
-	}
-	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if err := pool.Ping(pingCtx); err != nil {
-		pool.Close()
-		return nil, fmt.Errorf("database: cannot reach it (check --database-url): %w", err)
-	}
-	return pool, nil
-}
 
 func runMigrate(ctx context.Context, env *cliEnv, args []string) error {
 	fs := newFlags(env, "migrate", "[flags]", `
@@ -58,6 +40,9 @@ several instances at once.`)
 	if err := need(*db, "database-url", "PROTOEVENTS_DATABASE_URL"); err != nil {
 		return err
 	}
+	if flagGiven(fs, "lanes") && (*lanes < 1 || *lanes > 1024) {
+		return fmt.Errorf("%w: --lanes %d: want 1..1024", errUsage, *lanes)
+	}
 	if *only != "" && *only != "outbox" && *only != "consumer" {
 		return fmt.Errorf("%w: --only must be outbox or consumer, not %q", errUsage, *only)
 	}
@@ -72,7 +57,7 @@ several instances at once.`)
 			opts = append(opts, outbox.WithLanes(*lanes))
 		}
 		if err := outbox.Migrate(ctx, pool, opts...); err != nil {
-			return err
+			return unreachable(err)
 		}
 		fmt.Fprintf(env.stdout, "outbox table %s: ready\n", *outboxTable)
 	}
@@ -211,64 +196,6 @@ Programs can do the same from the generated registries with topics.Ensure.`)
 	return nil
 }
 
-func runOutbox(ctx context.Context, env *cliEnv, args []string) error {
-	if err := onlySubcommand(env, args, "outbox", "status", "[flags]\n\nReports pending rows, the oldest pending age and publish failures."); err != nil {
-		return err
-	}
-	fs := newFlags(env, "outbox status", "[flags]", `
-Reports the outbox's backlog: pending rows, the age of the oldest, rows
-whose publishing failed (with the last error), and the relays connected.
-Exits 1 when the oldest pending row is older than --max-age (for alerts).`)
-	db := dbFlag(fs, env)
-	table := fs.String("outbox-table", outbox.DefaultTable, `outbox table, "name" or "schema.name"`)
-	asJSON := fs.Bool("json", false, "print JSON")
-	maxAge := fs.Duration("max-age", 0, "fail (exit 1) if the oldest pending row is older than this (0: never)")
-	if err := parse(fs, args[1:]); err != nil {
-		return err
-	}
-	if err := need(*db, "database-url", "PROTOEVENTS_DATABASE_URL"); err != nil {
-		return err
-	}
-	pool, err := connect(ctx, *db)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	st, err := outbox.Status(ctx, pool, outbox.WithTable(*table))
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		enc := json.NewEncoder(env.stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(st); err != nil {
-			return err
-		}
-	} else {
-		w := tabwriter.NewWriter(env.stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintf(w, "table\t%s\n", st.Table)
-		fmt.Fprintf(w, "lanes\t%d\n", st.Lanes)
-		fmt.Fprintf(w, "relays connected\t%d\n", st.Relays)
-		fmt.Fprintf(w, "pending\t%d\n", st.Pending)
-		fmt.Fprintf(w, "oldest pending\t%s\n", st.OldestPending.Round(time.Millisecond))
-		fmt.Fprintf(w, "failing\t%d\n", st.Failing)
-		if st.LastError != "" {
-			fmt.Fprintf(w, "last error\t%s\n", st.LastError)
-		}
-		fmt.Fprintf(w, "published (retained)\t%d\n", st.Published)
-		if !st.LastPublishedAt.IsZero() {
-			fmt.Fprintf(w, "last published\t%s\n", st.LastPublishedAt.UTC().Format(time.RFC3339))
-		}
-		w.Flush()
-	}
-	if *maxAge > 0 && st.OldestPending > *maxAge {
-		fmt.Fprintf(env.stderr, "eventsctl outbox status: oldest pending row is %s old (> --max-age %s): is a relay running and can it reach Kafka?\n",
-			st.OldestPending.Round(time.Second), *maxAge)
-		return exitError(1)
-	}
-	return nil
-}
-
 func runPrune(ctx context.Context, env *cliEnv, args []string) error {
 	fs := newFlags(env, "prune", "[flags]", `
 Deletes dedup rows older than --older-than, in batches, alongside running
@@ -309,7 +236,15 @@ func runCompat(ctx context.Context, env *cliEnv, args []string) error {
 	return nil
 }
 
-func runVersion(_ context.Context, env *cliEnv, _ []string) error {
+func runVersion(_ context.Context, env *cliEnv, args []string) error {
+	fs := newFlags(env, "version", "[--json]", "Prints the version of eventsctl and the protoevents runtime it carries.")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(env.stdout, map[string]string{"name": "eventsctl", "version": events.Version})
+	}
 	fmt.Fprintln(env.stdout, "eventsctl (protoevents runtime) v"+events.Version)
 	return nil
 }

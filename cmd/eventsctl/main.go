@@ -60,8 +60,9 @@ func main() {
 	os.Exit(run(ctx, &cliEnv{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}, os.Args[1:]))
 }
 
-// run executes one command line and returns the exit code: 0 success, 1
-// failure, 2 usage error (and, for compat, 1 means breaking changes).
+// run executes one command line and returns the exit code (see
+// exitcodes.go): 0 success, 1 a check failed, 2 usage error, 3 a
+// dependency unreachable, 4 any other failure.
 func run(ctx context.Context, env *cliEnv, args []string) int {
 	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version") {
 		args = []string{"version"}
@@ -83,19 +84,13 @@ func run(ctx context.Context, env *cliEnv, args []string) int {
 		err := c.run(ctx, env, args[1:])
 		var exit exitError
 		switch {
-		case err == nil:
-			return 0
-		case errors.Is(err, flag.ErrHelp):
-			return 0
+		case err == nil, errors.Is(err, flag.ErrHelp):
+			return exitOK
 		case errors.As(err, &exit):
 			return int(exit)
-		case errors.Is(err, errUsage):
-			fmt.Fprintf(env.stderr, "eventsctl %s: %v\n", c.name, err)
-			return 2
-		default:
-			fmt.Fprintf(env.stderr, "eventsctl %s: %v\n", c.name, err)
-			return 1
 		}
+		fmt.Fprintf(env.stderr, "eventsctl %s: %v\n", c.name, err)
+		return exitCode(err)
 	}
 	fmt.Fprintf(env.stderr, "eventsctl: unknown command %q; run \"eventsctl help\" for the list\n", args[0])
 	return 2
