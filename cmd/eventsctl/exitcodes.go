@@ -68,8 +68,9 @@ func exitCode(err error) int {
 	return exitFailed
 }
 
-// connectTimeout bounds how long connect waits for the server.
-const connectTimeout = 10 * time.Second
+// connectTimeout bounds how long connect waits for the server (a variable
+// so tests of a hanging server finish sooner).
+var connectTimeout = 10 * time.Second
 
 // connect opens a pool and checks that the server answers, explaining a
 // failure in operator terms: refused (role, password, database: fix the
