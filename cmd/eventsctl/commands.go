@@ -112,6 +112,7 @@ health check on --metrics-addr.`)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(prommetrics.NewOutboxCollector(pool, outbox.WithTable(*table))) // per-topic backlog, failing keys, parked rows
 	metrics, err := prommetrics.New(reg)
 	if err != nil {
 		return err
