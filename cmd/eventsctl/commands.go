@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -21,7 +20,6 @@ import (
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
 	"github.com/protoevents/protoevents/runtime/prommetrics"
-	"github.com/protoevents/protoevents/runtime/topics"
 )
 
 func runMigrate(ctx context.Context, env *cliEnv, args []string) error {
@@ -152,49 +150,6 @@ health check on --metrics-addr.`)
 	}
 	log.Info("relay starting", "outbox", *table, "brokers", *brokers, "batch", *batch)
 	return relay.Run(ctx)
-}
-
-func runTopics(ctx context.Context, env *cliEnv, args []string) error {
-	if err := onlySubcommand(env, args, "topics", "create", "--topic T[,T...] [flags]\n\nCreates event topics and, with --dlq, their \"<topic>.dlq\" dead-letter topics."); err != nil {
-		return err
-	}
-	fs := newFlags(env, "topics create", "--topic T[,T...] [flags]", `
-Creates the named event topics (and, with --dlq, each one's "<topic>.dlq"
-dead-letter topic) that do not exist yet. Existing topics are never
-changed: a new partition count would move keys and break per-key order.
-Programs can do the same from the generated registries with topics.Ensure.`)
-	brokers := brokersFlag(fs, env)
-	names := fs.String("topic", "", "comma-separated topics to create (required)")
-	dlq := fs.Bool("dlq", true, `also create each topic's "<topic>.dlq"`)
-	partitions := fs.Int("partitions", 6, "partitions of each new topic (bounds consumer parallelism)")
-	replication := fs.Int("replication-factor", 1, "replication factor of each new topic (3 in production)")
-	if err := parse(fs, args[1:]); err != nil {
-		return err
-	}
-	if err := need(*brokers, "brokers", "PROTOEVENTS_KAFKA_BROKERS"); err != nil {
-		return err
-	}
-	list := splitList(*names)
-	if len(list) == 0 {
-		return fmt.Errorf("%w: --topic is required", errUsage)
-	}
-	if *dlq {
-		for _, t := range splitList(*names) {
-			list = append(list, t+".dlq")
-		}
-	}
-	created, err := topics.Create(ctx, splitList(*brokers), topics.Config{Partitions: *partitions, ReplicationFactor: *replication}, list...)
-	if err != nil {
-		return err
-	}
-	for _, t := range list {
-		state := "exists, unchanged"
-		if slices.Contains(created, t) {
-			state = fmt.Sprintf("created (%d partitions)", *partitions)
-		}
-		fmt.Fprintf(env.stdout, "%s: %s\n", t, state)
-	}
-	return nil
 }
 
 func runPrune(ctx context.Context, env *cliEnv, args []string) error {

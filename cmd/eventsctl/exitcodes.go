@@ -11,6 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
 )
 
 // Exit codes, the same for every command (listed in the README):
@@ -46,7 +47,7 @@ func isNetworkFailure(err error) bool {
 	var netErr net.Error
 	var opErr *net.OpError
 	var dnsErr *net.DNSError
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, syscall.ECONNREFUSED) ||
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, kafka.BrokerNotAvailable) || errors.Is(err, kafka.RequestTimedOut) || errors.Is(err, syscall.ECONNREFUSED) ||
 		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EHOSTUNREACH) ||
 		errors.As(err, &opErr) || errors.As(err, &dnsErr) || (errors.As(err, &netErr) && netErr.Timeout())
 }
