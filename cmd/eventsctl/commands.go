@@ -179,7 +179,7 @@ values under the floor are refused.`)
 	defer pool.Close()
 	n, err := consumer.Prune(ctx, pool, *olderThan, consumer.WithTable(*table), consumer.WithRetentionFloor(*floor))
 	if err != nil {
-		return err
+		return migrateHint(err, "dedup table "+*table)
 	}
 	fmt.Fprintf(env.stdout, "pruned %d dedup rows older than %s\n", n, *olderThan)
 	return nil

@@ -127,3 +127,13 @@ func isTimeout(err error) bool {
 	var netErr net.Error
 	return errors.As(err, &netErr) && netErr.Timeout()
 }
+
+// migrateHint explains Postgres' "relation does not exist" (SQLSTATE
+// 42P01) on what as a database that was not migrated.
+func migrateHint(err error, what string) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" {
+		return fmt.Errorf("%s does not exist (%s): run `eventsctl migrate` first, or check the table flag", what, pgErr.Message)
+	}
+	return unreachable(err)
+}

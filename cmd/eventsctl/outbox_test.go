@@ -24,6 +24,9 @@ func TestOutboxStuckRowCommands(t *testing.T) {
 	if code, out, errOut := cli(t, env, "outbox", "status"); code != exitFailed || !strings.Contains(errOut, "run `eventsctl migrate` first") {
 		t.Fatalf("status before migrate: exit %d\n%s%s", code, out, errOut)
 	}
+	if code, out, errOut := cli(t, env, "prune"); code != exitFailed || !strings.Contains(errOut, "dedup table consumed_events does not exist") || !strings.Contains(errOut, "run `eventsctl migrate`") {
+		t.Fatalf("prune before migrate: exit %d\n%s%s", code, out, errOut)
+	}
 	if code, out, errOut := cli(t, env, "migrate", "--only", "outbox"); code != 0 {
 		t.Fatalf("migrate: exit %d\n%s%s", code, out, errOut)
 	}
