@@ -155,17 +155,33 @@ func TestDemoPoisonRedrive(t *testing.T) {
 	}
 
 	code, out, errOut = cli(t, env, "dlq", "list", "--topic", ordersv1.OrderPlacedDLQTopic)
-	if code != 0 || strings.Count(out, "\n") != 1+len(rep.DLQEntries) || !strings.Contains(out, rep.DLQEntries[0].EventID) ||
+	n := itoa(len(rep.DLQEntries))
+	if code != 0 || !strings.Contains(out, n+" message(s) of "+n+" in "+ordersv1.OrderPlacedDLQTopic) || !strings.Contains(out, rep.DLQEntries[0].EventID) ||
 		!strings.Contains(out, `no carrier serves country "ZZ"`) || !strings.Contains(out, ordersv1.OrderPlacedTopic+"/") {
 		t.Fatalf("dlq list: exit %d\n%s%s", code, out, errOut)
 	}
-	if code, _, errOut := cli(t, env, "dlq", "list", "--topic", "never.seen.dlq"); code != 1 || !strings.Contains(errOut, "DLQ topic never.seen.dlq does not exist") {
+	if code, _, errOut := cli(t, env, "dlq", "list", "--topic", "never.seen.dlq"); code != exitFailed || !strings.Contains(errOut, "DLQ topic never.seen.dlq does not exist") {
 		t.Fatalf("dlq list of a missing topic: exit %d, %q", code, errOut)
 	}
 	e := rep.DLQEntries[0]
-	code, out, errOut = cli(t, env, "dlq", "show", "--topic", ordersv1.OrderPlacedDLQTopic, "--partition", itoa(e.Partition), "--offset", itoa(int(e.Offset)))
-	if code != 0 || !strings.Contains(out, "dlq_error: ") || !strings.Contains(out, `"event_id":"`+e.EventID+`"`) {
+	code, out, errOut = cli(t, env, "dlq", "list", "--topic", ordersv1.OrderPlacedDLQTopic, "--consumer", e.Consumer, "--since", "1h", "--limit", "1")
+	if code != 0 || !strings.Contains(out, "1 message(s) of "+n) || !strings.Contains(out, e.Consumer+" 1") {
+		t.Fatalf("dlq list --consumer --since --limit: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut = cli(t, env, "dlq", "list", "--topic", ordersv1.OrderPlacedDLQTopic, "--consumer", "nobody"); code != 0 || !strings.Contains(out, "no message of "+ordersv1.OrderPlacedDLQTopic+" matches") {
+		t.Fatalf("dlq list --consumer nobody: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut = cli(t, env, "dlq", "list", "--topic", ordersv1.OrderPlacedDLQTopic, "--json"); code != 0 || !strings.Contains(out, `"value_dropped": false`) || !strings.Contains(out, `"dead_lettered_at"`) {
+		t.Fatalf("dlq list --json: exit %d\n%s%s", code, out, errOut)
+	}
+	// No --partition: the one partition holding the offset is found.
+	code, out, errOut = cli(t, env, "dlq", "show", "--topic", ordersv1.OrderPlacedDLQTopic, "--offset", itoa(int(e.Offset)))
+	if code != 0 || !strings.Contains(out, "dlq_error: ") || !strings.Contains(out, "event:     shop.orders.v1.OrderPlaced "+e.EventID) ||
+		!strings.Contains(out, "envelope:  json, shop.orders.v1.OrderPlaced v1") {
 		t.Fatalf("dlq show: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, _, errOut = cli(t, env, "dlq", "redrive", "--topic", ordersv1.OrderPlacedDLQTopic, "--event-id", "nope"); code != exitUsage || !strings.Contains(errOut, `--event-id "nope" is not a valid event ID`) {
+		t.Fatalf("redrive --event-id nope: exit %d, %q", code, errOut)
 	}
 	if code, out, errOut := cli(t, env, "outbox", "status"); code != 0 || !strings.Contains(out, "pending") {
 		t.Fatalf("outbox status: exit %d\n%s%s", code, out, errOut)
