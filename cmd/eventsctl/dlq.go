@@ -63,6 +63,14 @@ func dlqError(topic string, err error) error {
 	return err
 }
 
+// kafkaError names the brokers when they could not be reached (exit 3).
+func kafkaError(brokers string, err error) error {
+	if isNetworkFailure(err) {
+		return unreachableError{fmt.Errorf("cannot reach Kafka at %s (check --brokers and that the brokers are up): %w", brokers, err)}
+	}
+	return err
+}
+
 func checkDLQFlags(brokers, topic string) error {
 	if err := need(brokers, "brokers", "PROTOEVENTS_KAFKA_BROKERS"); err != nil {
 		return err
@@ -105,7 +113,7 @@ and moves no consumer's offsets.`)
 	}
 	all, err := consumer.ListDLQ(ctx, splitList(*brokers), *topic)
 	if err != nil {
-		return unreachable(dlqError(*topic, err))
+		return kafkaError(*brokers, dlqError(*topic, err))
 	}
 	var entries []consumer.DLQEntry
 	for _, e := range all {
@@ -204,7 +212,7 @@ the offset is looked up in every partition; if several have it, say which.`)
 	}
 	entries, err := consumer.ListDLQ(ctx, splitList(*brokers), *topic)
 	if err != nil {
-		return unreachable(dlqError(*topic, err))
+		return kafkaError(*brokers, dlqError(*topic, err))
 	}
 	var match []consumer.DLQEntry
 	for _, e := range entries {
@@ -332,7 +340,7 @@ again returns to the DLQ after its retries. The DLQ itself is not modified.`)
 	}
 	done, err := consumer.Redrive(ctx, splitList(*brokers), *topic, sel)
 	if err != nil {
-		return unreachable(dlqError(*topic, err))
+		return kafkaError(*brokers, dlqError(*topic, err))
 	}
 	if len(done) == 0 {
 		if *offsets != "" {

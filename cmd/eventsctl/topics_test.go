@@ -90,6 +90,10 @@ func TestTopicsRefuseInvalidInput(t *testing.T) {
 	if code != exitUnreachable || !strings.Contains(errOut, "Kafka at 127.0.0.1:1") {
 		t.Errorf("unreachable broker: exit %d, %q", code, errOut)
 	}
+	code, _, errOut = cli(t, env, "dlq", "list", "--topic", "orders.dlq")
+	if code != exitUnreachable || !strings.Contains(errOut, "cannot reach Kafka at 127.0.0.1:1") {
+		t.Errorf("dlq list, unreachable broker: exit %d, %q", code, errOut)
+	}
 }
 
 // hasRow reports whether a line of the table out has exactly these
