@@ -27,8 +27,8 @@
 // written relative to out; with another out than ".", say where to write
 // it as well:
 //
-//	    out: gen
-//	    opt: [lock=gen/events.lock, lock_out=events.lock]
+//	out: gen
+//	opt: [lock=gen/events.lock, lock_out=events.lock]
 //
 // strategy: all lets the generator see every file at once, so it can check
 // topics and supersedes across packages (and is required with lock=). With
