@@ -373,7 +373,7 @@ func defaultActor(env *cliEnv) string {
 func runOutboxAction(ctx context.Context, env *cliEnv, action string, args []string) error {
 	desc := map[string]string{
 		"retry": `Makes rows publishable again. A stuck (pending) row has its failures
-cleared and the relays are woken; a parked or dropped row is copied back
+cleared (the relay retries its key when the key's backoff ends); a parked or dropped row is copied back
 into the outbox under a new id (published after its key's rows that went
 through meanwhile; the event ID is kept, so consumers deduplicate it).`,
 		"park": `Moves pending rows out of the outbox into <outbox>_dead, so their keys'

@@ -311,8 +311,8 @@ func setAside(ctx context.Context, pool *pgxpool.Pool, id int64, to string, op O
 }
 
 // Retry makes a stuck row publishable again. A pending row has its failure
-// count and error cleared and the relays are woken (a relay still backing
-// off the key retries it when the backoff ends). A parked or dropped row is
+// count and error cleared (a relay still backing off the key retries it
+// when the backoff ends). A parked or dropped row is
 // copied back into the outbox under a new id (so it is published after the
 // key's rows that went through meanwhile; consumers deduplicate on the
 // unchanged event id) and kept in the dead table as retried.
@@ -320,7 +320,7 @@ func Retry(ctx context.Context, pool *pgxpool.Pool, id int64, op Operation, opts
 	if err := checkOp(op); err != nil {
 		return Result{}, err
 	}
-	rt, q, err := stuckEnv(ctx, pool, opts)
+	_, q, err := stuckEnv(ctx, pool, opts)
 	if err != nil {
 		return Result{}, err
 	}
@@ -331,9 +331,6 @@ func Retry(ctx context.Context, pool *pgxpool.Pool, id int64, op Operation, opts
 		err := tx.QueryRow(ctx, q.resetPending, id).Scan(&res.EventID, &res.Topic, &res.Key, &attempts, &lastErr)
 		if err == nil {
 			res.From = StatePending
-			if _, err := tx.Exec(ctx, q.notify, rt.channel()); err != nil {
-				return fmt.Errorf("outbox: retry row %d: wake relays: %w", id, err)
-			}
 			return logOp(ctx, tx, q, op, "retry", res, fmt.Sprintf("cleared %d failed attempts; last error: %s", attempts, lastErr))
 		}
 		if !errors.Is(err, pgx.ErrNoRows) {

@@ -40,12 +40,12 @@ const sqlTableExists = `SELECT to_regclass($1) IS NOT NULL`
 
 // stuckQueries are the statements on one outbox's stuck rows.
 type stuckQueries struct {
-	listStuck, listDead, listOps    string
-	locate                          string
-	moveOut, restate, insertOp      string
-	resetPending                    string
-	takeDead, reinsert, markRetry   string
-	topicPending, topicDead, notify string
+	listStuck, listDead, listOps  string
+	locate                        string
+	moveOut, restate, insertOp    string
+	resetPending                  string
+	takeDead, reinsert, markRetry string
+	topicPending, topicDead       string
 }
 
 func newStuckQueries(t stuckTables) stuckQueries {
@@ -102,6 +102,5 @@ VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7) RETURNING id`, t.outbox),
 FROM %s WHERE published_at IS NULL GROUP BY topic`, t.outbox),
 		topicDead: fmt.Sprintf(`SELECT topic, count(*) FILTER (WHERE state = 'parked'), count(*) FILTER (WHERE state = 'dropped')
 FROM %s GROUP BY topic`, t.dead),
-		notify: `SELECT pg_notify($1, '')`,
 	}
 }
