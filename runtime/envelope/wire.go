@@ -179,24 +179,6 @@ func parseID(s string) (ulid.ULID, error) {
 	return id, nil
 }
 
-// notProtoReason explains a value that failed to parse as a Protobuf
-// envelope. Without a content-type header the format was only sniffed, so
-// a value that is not a JSON object either (plain text, a JSON array or
-// string) is reported as such rather than as bad Protobuf.
-func notProtoReason(m kafka.Message) string {
-	if _, ok := Header(m, HeaderContentType); ok {
-		return "value is not a Protobuf envelope (content-type " + ContentTypeProto + ")"
-	}
-	head := m.Value
-	if len(head) > 32 {
-		head = head[:32]
-	}
-	if utf8.Valid(head) {
-		return fmt.Sprintf("value is not an envelope: it has no content-type header and is neither a JSON object nor Protobuf (it starts %q)", head)
-	}
-	return "value is not an envelope: it has no content-type header, is not a JSON object and does not parse as a Protobuf envelope"
-}
-
 // formatOf reads the content-type header, or sniffs the value: a JSON
 // envelope is an object, a Protobuf one never starts with '{' (0x7b would be
 // field 15, wire type 3, which events.v1.Envelope does not have).
@@ -231,4 +213,22 @@ func Header(m kafka.Message, key string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// notProtoReason explains a value that failed to parse as a Protobuf
+// envelope. Without a content-type header the format was only sniffed, so
+// a value that is not a JSON object either (plain text, a JSON array or
+// string) is reported as such rather than as bad Protobuf.
+func notProtoReason(m kafka.Message) string {
+	if _, ok := Header(m, HeaderContentType); ok {
+		return "value is not a Protobuf envelope (content-type " + ContentTypeProto + ")"
+	}
+	head := m.Value
+	if len(head) > 32 {
+		head = head[:32]
+	}
+	if utf8.Valid(head) {
+		return fmt.Sprintf("value is not an envelope: it has no content-type header and is neither a JSON object nor Protobuf (it starts %q)", head)
+	}
+	return "value is not an envelope: it has no content-type header, is not a JSON object and does not parse as a Protobuf envelope"
 }
