@@ -3,14 +3,18 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -20,7 +24,67 @@ import (
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
 	"github.com/protoevents/protoevents/runtime/prommetrics"
+	"github.com/protoevents/protoevents/runtime/topics"
 )
+
+// connectTimeout bounds how long connect waits for the server (a variable
+// so tests of a hanging server finish sooner).
+var connectTimeout = 10 * time.Second
+
+// connect opens a pool and checks that the server answers, explaining a
+// failure in operator terms: refused (role, password, database: fix the
+// URL), timed out or unreachable (exit 3: is the server up?).
+func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --database-url: %v", errUsage, err)
+	}
+	addr := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
+	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > connectTimeout {
+		cfg.ConnConfig.ConnectTimeout = connectTimeout
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("database: %w", err)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		return nil, connectError(addr, cfg.ConnConfig.User, cfg.ConnConfig.Database, err)
+	}
+	return pool, nil
+}
+
+// connectError explains why the database at addr did not accept us.
+func connectError(addr, user, database string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "28P01", "28000":
+			return fmt.Errorf("database at %s refused role %q: %s (SQLSTATE %s): check the user and password in --database-url and pg_hba.conf", addr, user, pgErr.Message, pgErr.Code)
+		case "3D000":
+			return fmt.Errorf("database at %s: database %q does not exist (SQLSTATE 3D000): check the database name in --database-url", addr, database)
+		case "53300":
+			return unreachableError{fmt.Errorf("database at %s: too many connections (SQLSTATE 53300): try again, or raise max_connections", addr)}
+		case "57P03":
+			return unreachableError{fmt.Errorf("database at %s is starting up or shutting down (SQLSTATE 57P03): try again shortly", addr)}
+		}
+		return fmt.Errorf("database at %s refused the connection: %w", addr, err)
+	}
+	if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
+		return unreachableError{fmt.Errorf("database: timed out after %s connecting to %s: is Postgres up and reachable from here? (check --database-url): %w", connectTimeout, addr, err)}
+	}
+	if isNetworkFailure(err) {
+		return unreachableError{fmt.Errorf("database: cannot reach %s: is Postgres running there? (check --database-url): %w", addr, err)}
+	}
+	return fmt.Errorf("database at %s: %w", addr, err)
+}
+
+func isTimeout(err error) bool {
+	var netErr net.Error
+	return errors.As(err, &netErr) && netErr.Timeout()
+}
 
 func runMigrate(ctx context.Context, env *cliEnv, args []string) error {
 	fs := newFlags(env, "migrate", "[flags]", `
@@ -150,6 +214,95 @@ health check on --metrics-addr.`)
 	}
 	log.Info("relay starting", "outbox", *table, "brokers", *brokers, "batch", *batch)
 	return relay.Run(ctx)
+}
+
+func runTopics(ctx context.Context, env *cliEnv, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprintln(env.stderr, topicsUsage)
+		return fmt.Errorf("%w: missing subcommand", errUsage)
+	}
+	switch args[0] {
+	case "create", "check":
+	case "-h", "--help", "help":
+		fmt.Fprintln(env.stdout, topicsUsage)
+		return flag.ErrHelp
+	default:
+		fmt.Fprintln(env.stderr, topicsUsage)
+		return fmt.Errorf("%w: unknown subcommand %q", errUsage, args[0])
+	}
+	sub := args[0]
+	desc := map[string]string{
+		"create": `Creates the event topics and their dead-letter topics that do not exist
+yet. Existing topics are never changed: a new partition count would move
+keys and break per-key order (see "eventsctl topics check").`,
+		"check": `Compares the planned topics with the cluster and lists each difference:
+missing topics, partition counts, replication factors and the values of
+the --config settings. Exits 1 when anything differs, 3 when the brokers
+cannot be reached. Changes nothing.`,
+	}[sub]
+	fs := newFlags(env, "topics "+sub, "(--lock events.lock | --topic T[,T...]) [flags]", desc)
+	brokers := brokersFlag(fs, env)
+	lock := fs.String("lock", "", "events.lock: plan every event's topic and effective DLQ topic")
+	names := fs.String("topic", "", "comma-separated event topics (instead of --lock)")
+	dlq := fs.Bool("dlq", true, `with --topic: also each topic's "<topic>.dlq"`)
+	partitions := fs.Int("partitions", 6, "partitions of each topic (bounds consumer parallelism; fixed for good)")
+	replication := fs.Int("replication-factor", 1, "replication factor of each topic (3 in production)")
+	cfgs := configFlag{}
+	fs.Var(cfgs, "config", "topic config key=value for every topic, repeatable (e.g. --config retention.ms=604800000)")
+	dlqCfgs := configFlag{}
+	fs.Var(dlqCfgs, "dlq-config", "topic config key=value for DLQ topics instead of --config, repeatable")
+	if err := parse(fs, args[1:]); err != nil {
+		return err
+	}
+	if err := need(*brokers, "brokers", "PROTOEVENTS_KAFKA_BROKERS"); err != nil {
+		return err
+	}
+	if (*lock == "") == (*names == "") {
+		return fmt.Errorf("%w: give one of --lock (the plugin's events.lock) or --topic", errUsage)
+	}
+	if *partitions < 1 {
+		return fmt.Errorf("%w: --partitions %d: a topic needs at least 1 partition", errUsage, *partitions)
+	}
+	if *replication < 1 {
+		return fmt.Errorf("%w: --replication-factor %d: want at least 1", errUsage, *replication)
+	}
+	cfg := topics.Config{Partitions: *partitions, ReplicationFactor: *replication, Configs: cfgs, DLQConfigs: cfgs}
+	if len(dlqCfgs) > 0 {
+		cfg.DLQConfigs = dlqCfgs
+	}
+	var specs []topics.Spec
+	var err error
+	if *lock != "" {
+		ds, lerr := lockDescriptors(*lock)
+		if lerr != nil {
+			return lerr
+		}
+		specs, err = topics.Plan(cfg, ds...)
+	} else {
+		specs, err = topics.PlanNames(cfg, *dlq, splitList(*names)...)
+	}
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
+	}
+	if len(specs) == 0 {
+		return fmt.Errorf("%w: no topics to %s", errUsage, sub)
+	}
+	if sub == "check" {
+		return topicsCheck(ctx, env, splitList(*brokers), specs)
+	}
+	created, err := topics.CreateSpecs(ctx, splitList(*brokers), nil, specs)
+	for _, s := range specs {
+		state := "exists, unchanged (see eventsctl topics check)"
+		if slices.Contains(created, s.Name) {
+			state = fmt.Sprintf("created (%d partitions, replication factor %d%s)", s.Partitions, s.ReplicationFactor, configSuffix(s.Configs))
+		}
+		kind := "topic"
+		if s.DLQ {
+			kind = "dlq"
+		}
+		fmt.Fprintf(env.stdout, "%-5s %s: %s\n", kind, s.Name, state)
+	}
+	return unreachable(err)
 }
 
 func runPrune(ctx context.Context, env *cliEnv, args []string) error {
