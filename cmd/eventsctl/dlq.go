@@ -243,8 +243,8 @@ the offset is looked up in every partition; if several have it, say which.`)
 	fmt.Fprintf(out, "headers:\n")
 	for _, h := range e.Message.Headers {
 		v := readable(h.Value)
-		if h.Key == consumer.HeaderDLQError {
-			v = strings.ReplaceAll(string(h.Value), "\n", "\n    ")
+		if utf8.Valid(h.Value) {
+			v = strings.ReplaceAll(string(h.Value), "\n", "\n    ") // text as is, multi-line errors indented
 		}
 		fmt.Fprintf(out, "  %s: %s\n", h.Key, v)
 	}

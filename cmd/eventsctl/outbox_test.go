@@ -171,3 +171,30 @@ func TestDatabaseErrorsNameTheFix(t *testing.T) {
 		}
 	}
 }
+
+// TestCLIEdges: version --json, compat outside a buf workspace, and how
+// dlq show renders keys and binary values.
+func TestCLIEdges(t *testing.T) {
+	code, out, _ := cli(t, nil, "version", "--json")
+	var v map[string]string
+	if code != 0 || json.Unmarshal([]byte(out), &v) != nil || v["name"] != "eventsctl" || v["version"] == "" {
+		t.Errorf("version --json: exit %d, %q", code, out)
+	}
+	// The test runs in cmd/eventsctl, which has no buf.yaml.
+	code, _, errOut := cli(t, nil, "compat", "--against", "../../events.lock")
+	if code != 2 || !strings.Contains(errOut, "has no buf.yaml: run compat from the buf workspace root") {
+		t.Errorf("compat outside a buf workspace: exit %d, %q", code, errOut)
+	}
+	if got := readable([]byte("order-7")); got != `"order-7"` {
+		t.Errorf("readable(text) = %s", got)
+	}
+	if got := readable([]byte{0x0a, 0x03, 0xff}); got != "0x0a03ff" {
+		t.Errorf("readable(binary) = %s", got)
+	}
+	if got := dumpBytes([]byte{0x0a, 0x03, 'a', 'b', 'c', 0xff}); !strings.HasPrefix(got, "00000000  0a 03 61 62 63 ff") || !strings.Contains(got, "|..abc.|") {
+		t.Errorf("dumpBytes(binary) = %q", got)
+	}
+	if got := dumpBytes(make([]byte, maxDump+10)); !strings.HasSuffix(got, "... 10 more bytes\n") {
+		t.Errorf("dumpBytes(large) does not stop at %d bytes: ...%q", maxDump, got[len(got)-40:])
+	}
+}
