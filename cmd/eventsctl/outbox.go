@@ -166,7 +166,7 @@ Exits 1 when the oldest pending row is older than --max-age (for alerts),
 		if st.Failing > 0 {
 			fmt.Fprintln(env.stdout, "\nsee the failing keys: eventsctl outbox list --stuck")
 			if strings.Contains(st.LastError, "Unknown Topic") {
-				fmt.Fprintln(env.stdout, "a topic is missing: eventsctl topics create --registry|--lock ... creates every event topic")
+				fmt.Fprintln(env.stdout, "a topic is missing: eventsctl topics create --lock events.lock creates every event topic and its DLQ")
 			}
 		}
 	}
