@@ -286,7 +286,7 @@ func TestRelayProcess(t *testing.T) {
 	if code, body := get("/healthz"); code != http.StatusOK || strings.TrimSpace(body) != "ok" {
 		t.Errorf("/healthz: %d %q", code, body)
 	}
-	if code, out, _ := cli(t, env, "outbox", "status", "--json"); code != 0 || !strings.Contains(out, `"Pending": 0`) {
+	if code, out, _ := cli(t, env, "outbox", "status", "--json"); code != 0 || !strings.Contains(out, `"pending": 0,`) {
 		t.Errorf("outbox status after the relay: exit %d\n%s", code, out)
 	}
 	stop()
