@@ -7,7 +7,9 @@
 //
 // Existing topics are left exactly as they are: changing a topic's
 // partition count would move keys between partitions and break per-key
-// order, so that stays a deliberate operator action.
+// order, so that stays a deliberate operator action. Check reports how the
+// cluster differs from the plan (Plan, PlanNames): missing topics,
+// partition counts, replication factors and configs.
 package topics
 
 import (
