@@ -171,7 +171,11 @@ and moves no consumer's offsets.`)
 			value = fmt.Sprintf("DROPPED (%d bytes)", e.ValueDropped)
 			dropped++
 		}
-		byConsumer[e.Consumer]++
+		name := e.Consumer
+		if name == "" {
+			name = "(unknown)"
+		}
+		byConsumer[name]++
 		fmt.Fprintf(w, "%d\t%d\t%s\t%s\t%s\t%s\t%d\t%s/%d@%d\t%s\t%s\n", e.Partition, e.Offset, e.Time.UTC().Format(time.RFC3339),
 			e.EventID, e.EventType, e.Consumer, e.Attempts, e.OriginalTopic, e.OriginalPartition, e.OriginalOffset, value, oneLine(e.Error, 80))
 	}

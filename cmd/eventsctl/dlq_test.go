@@ -42,12 +42,26 @@ func TestDLQShowFindsPartitionAndDecodesProto(t *testing.T) {
 	if err := w.WriteMessages(ctx,
 		kafka.Message{Topic: topic, Key: []byte("1"), Value: value, Headers: headers},
 		kafka.Message{Topic: topic, Key: []byte("2"), Value: []byte("not an envelope")},
+		kafka.Message{Topic: topic, Key: []byte("0"), Headers: []kafka.Header{
+			{Key: consumer.HeaderDLQValueDropped, Value: []byte("2000000")},
+			{Key: consumer.HeaderDLQConsumer, Value: []byte("billing")},
+			{Key: envelope.HeaderID, Value: []byte("01JDQ2X7Y4Z8KQ3B6M9T5V0W1R")},
+		}},
 	); err != nil {
 		t.Fatal(err)
 	}
 	envs := map[string]string{"PROTOEVENTS_KAFKA_BROKERS": strings.Join(k.Brokers, ",")}
-	code, out, errOut := cli(t, envs, "dlq", "show", "--topic", topic, "--offset", "0")
-	if code != exitUsage || !strings.Contains(errOut, "partitions 1, 2 of "+topic+" all have offset 0: give --partition") {
+	code, out, errOut := cli(t, envs, "dlq", "list", "--topic", topic)
+	if code != 0 || !strings.Contains(out, "DROPPED (2000000 bytes)") || !strings.Contains(out, "3 message(s) of 3 in "+topic) ||
+		!strings.Contains(out, "by consumer: (unknown) 1, billing 1, shipping 1") || !strings.Contains(out, "1 message(s) had their value DROPPED") {
+		t.Fatalf("dlq list: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut = cli(t, envs, "dlq", "list", "--topic", topic, "--json", "--consumer", "billing"); code != 0 ||
+		!strings.Contains(out, `"value_dropped": true`) || !strings.Contains(out, `"value_dropped_bytes": 2000000`) || strings.Contains(out, "shipping") {
+		t.Fatalf("dlq list --json --consumer billing: exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = cli(t, envs, "dlq", "show", "--topic", topic, "--offset", "0")
+	if code != exitUsage || !strings.Contains(errOut, "partitions 0, 1, 2 of "+topic+" all have offset 0: give --partition") {
 		t.Fatalf("show with the offset in two partitions: exit %d\n%s%s", code, out, errOut)
 	}
 	code, out, errOut = cli(t, envs, "dlq", "show", "--topic", topic, "--offset", "0", "--partition", "1")
@@ -60,5 +74,9 @@ func TestDLQShowFindsPartitionAndDecodesProto(t *testing.T) {
 	code, out, errOut = cli(t, envs, "dlq", "show", "--topic", topic, "--offset", "0", "--partition", "2")
 	if code != 0 || !strings.Contains(out, "value:     not a decodable envelope") || !strings.Contains(out, "not an envelope\n") {
 		t.Fatalf("show of a non-envelope: exit %d\n%s%s", code, out, errOut)
+	}
+	code, out, errOut = cli(t, envs, "dlq", "show", "--topic", topic, "--offset", "0", "--partition", "0")
+	if code != 0 || !strings.Contains(out, "value:     DROPPED: the original value (2000000 bytes) was too large for the DLQ") {
+		t.Fatalf("show of a dropped value: exit %d\n%s%s", code, out, errOut)
 	}
 }
