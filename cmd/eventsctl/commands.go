@@ -2,17 +2,17 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
 	"net"
 	"net/http"
 	"slices"
 	"strconv"
 	"strings"
-	"text/tabwriter"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -26,19 +26,63 @@ import (
 	"github.com/protoevents/protoevents/runtime/topics"
 )
 
-// connect opens a pool and checks that the server answers.
+// connectTimeout bounds how long connect waits for the server (a variable
+// so tests of a hanging server finish sooner).
+var connectTimeout = 10 * time.Second
+
+// connect opens a pool and checks that the server answers, explaining a
+// failure in operator terms: refused (role, password, database: fix the
+// URL), timed out or unreachable (exit 3: is the server up?).
 func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
-	pool, err := pgxpool.New(ctx, url)
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("%w: --database-url: %v", errUsage, err)
+	}
+	addr := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
+	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > connectTimeout {
+		cfg.ConnConfig.ConnectTimeout = connectTimeout
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
 	}
-	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	pingCtx, cancel := context.WithTimeout(ctx, connectTimeout)
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
-		return nil, fmt.Errorf("database: cannot reach it (check --database-url): %w", err)
+		return nil, connectError(addr, cfg.ConnConfig.User, cfg.ConnConfig.Database, err)
 	}
 	return pool, nil
+}
+
+// connectError explains why the database at addr did not accept us.
+func connectError(addr, user, database string, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case "28P01", "28000":
+			return fmt.Errorf("database at %s refused role %q: %s (SQLSTATE %s): check the user and password in --database-url and pg_hba.conf", addr, user, pgErr.Message, pgErr.Code)
+		case "3D000":
+			return fmt.Errorf("database at %s: database %q does not exist (SQLSTATE 3D000): check the database name in --database-url", addr, database)
+		case "53300":
+			return unreachableError{fmt.Errorf("database at %s: too many connections (SQLSTATE 53300): try again, or raise max_connections", addr)}
+		case "57P03":
+			return unreachableError{fmt.Errorf("database at %s is starting up or shutting down (SQLSTATE 57P03): try again shortly", addr)}
+		}
+		return fmt.Errorf("database at %s refused the connection: %w", addr, err)
+	}
+	if errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
+		return unreachableError{fmt.Errorf("database: timed out after %s connecting to %s: is Postgres up and reachable from here? (check --database-url): %w", connectTimeout, addr, err)}
+	}
+	if isNetworkFailure(err) {
+		return unreachableError{fmt.Errorf("database: cannot reach %s: is Postgres running there? (check --database-url): %w", addr, err)}
+	}
+	return fmt.Errorf("database at %s: %w", addr, err)
+}
+
+func isTimeout(err error) bool {
+	var netErr net.Error
+	return errors.As(err, &netErr) && netErr.Timeout()
 }
 
 func runMigrate(ctx context.Context, env *cliEnv, args []string) error {
@@ -57,6 +101,9 @@ several instances at once.`)
 	if err := need(*db, "database-url", "PROTOEVENTS_DATABASE_URL"); err != nil {
 		return err
 	}
+	if flagGiven(fs, "lanes") && (*lanes < 1 || *lanes > 1024) {
+		return fmt.Errorf("%w: --lanes %d: want 1..1024", errUsage, *lanes)
+	}
 	if *only != "" && *only != "outbox" && *only != "consumer" {
 		return fmt.Errorf("%w: --only must be outbox or consumer, not %q", errUsage, *only)
 	}
@@ -71,7 +118,7 @@ several instances at once.`)
 			opts = append(opts, outbox.WithLanes(*lanes))
 		}
 		if err := outbox.Migrate(ctx, pool, opts...); err != nil {
-			return err
+			return unreachable(err)
 		}
 		fmt.Fprintf(env.stdout, "outbox table %s: ready\n", *outboxTable)
 	}
@@ -125,6 +172,7 @@ health check on --metrics-addr.`)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(prommetrics.NewOutboxCollector(pool, outbox.WithTable(*table))) // per-topic backlog, failing keys, parked rows
 	metrics, err := prommetrics.New(reg)
 	if err != nil {
 		return err
@@ -167,104 +215,92 @@ health check on --metrics-addr.`)
 }
 
 func runTopics(ctx context.Context, env *cliEnv, args []string) error {
-	if err := onlySubcommand(env, args, "topics", "create", "--topic T[,T...] [flags]\n\nCreates event topics and, with --dlq, their \"<topic>.dlq\" dead-letter topics."); err != nil {
-		return err
+	if len(args) == 0 {
+		fmt.Fprintln(env.stderr, topicsUsage)
+		return fmt.Errorf("%w: missing subcommand", errUsage)
 	}
-	fs := newFlags(env, "topics create", "--topic T[,T...] [flags]", `
-Creates the named event topics (and, with --dlq, each one's "<topic>.dlq"
-dead-letter topic) that do not exist yet. Existing topics are never
-changed: a new partition count would move keys and break per-key order.
-Programs can do the same from the generated registries with topics.Ensure.`)
+	switch args[0] {
+	case "create", "check":
+	case "-h", "--help", "help":
+		fmt.Fprintln(env.stdout, topicsUsage)
+		return flag.ErrHelp
+	default:
+		fmt.Fprintln(env.stderr, topicsUsage)
+		return fmt.Errorf("%w: unknown subcommand %q", errUsage, args[0])
+	}
+	sub := args[0]
+	desc := map[string]string{
+		"create": `Creates the event topics and their dead-letter topics that do not exist
+yet. Existing topics are never changed: a new partition count would move
+keys and break per-key order (see "eventsctl topics check").`,
+		"check": `Compares the planned topics with the cluster and lists each difference:
+missing topics, partition counts, replication factors and the values of
+the --config settings. Exits 1 when anything differs, 3 when the brokers
+cannot be reached. Changes nothing.`,
+	}[sub]
+	fs := newFlags(env, "topics "+sub, "(--lock events.lock | --topic T[,T...]) [flags]", desc)
 	brokers := brokersFlag(fs, env)
-	names := fs.String("topic", "", "comma-separated topics to create (required)")
-	dlq := fs.Bool("dlq", true, `also create each topic's "<topic>.dlq"`)
-	partitions := fs.Int("partitions", 6, "partitions of each new topic (bounds consumer parallelism)")
-	replication := fs.Int("replication-factor", 1, "replication factor of each new topic (3 in production)")
+	lock := fs.String("lock", "", "events.lock: plan every event's topic and effective DLQ topic")
+	names := fs.String("topic", "", "comma-separated event topics (instead of --lock)")
+	dlq := fs.Bool("dlq", true, `with --topic: also each topic's "<topic>.dlq"`)
+	partitions := fs.Int("partitions", 6, "partitions of each topic (bounds consumer parallelism; fixed for good)")
+	replication := fs.Int("replication-factor", 1, "replication factor of each topic (3 in production)")
+	cfgs := configFlag{}
+	fs.Var(cfgs, "config", "topic config key=value for every topic, repeatable (e.g. --config retention.ms=604800000)")
+	dlqCfgs := configFlag{}
+	fs.Var(dlqCfgs, "dlq-config", "topic config key=value for DLQ topics instead of --config, repeatable")
 	if err := parse(fs, args[1:]); err != nil {
 		return err
 	}
 	if err := need(*brokers, "brokers", "PROTOEVENTS_KAFKA_BROKERS"); err != nil {
 		return err
 	}
-	list := splitList(*names)
-	if len(list) == 0 {
-		return fmt.Errorf("%w: --topic is required", errUsage)
+	if (*lock == "") == (*names == "") {
+		return fmt.Errorf("%w: give one of --lock (the plugin's events.lock) or --topic", errUsage)
 	}
-	if *dlq {
-		for _, t := range splitList(*names) {
-			list = append(list, t+".dlq")
+	if *partitions < 1 {
+		return fmt.Errorf("%w: --partitions %d: a topic needs at least 1 partition", errUsage, *partitions)
+	}
+	if *replication < 1 {
+		return fmt.Errorf("%w: --replication-factor %d: want at least 1", errUsage, *replication)
+	}
+	cfg := topics.Config{Partitions: *partitions, ReplicationFactor: *replication, Configs: cfgs, DLQConfigs: cfgs}
+	if len(dlqCfgs) > 0 {
+		cfg.DLQConfigs = dlqCfgs
+	}
+	var specs []topics.Spec
+	var err error
+	if *lock != "" {
+		ds, lerr := lockDescriptors(*lock)
+		if lerr != nil {
+			return lerr
 		}
-	}
-	created, err := topics.Create(ctx, splitList(*brokers), topics.Config{Partitions: *partitions, ReplicationFactor: *replication}, list...)
-	if err != nil {
-		return err
-	}
-	for _, t := range list {
-		state := "exists, unchanged"
-		if slices.Contains(created, t) {
-			state = fmt.Sprintf("created (%d partitions)", *partitions)
-		}
-		fmt.Fprintf(env.stdout, "%s: %s\n", t, state)
-	}
-	return nil
-}
-
-func runOutbox(ctx context.Context, env *cliEnv, args []string) error {
-	if err := onlySubcommand(env, args, "outbox", "status", "[flags]\n\nReports pending rows, the oldest pending age and publish failures."); err != nil {
-		return err
-	}
-	fs := newFlags(env, "outbox status", "[flags]", `
-Reports the outbox's backlog: pending rows, the age of the oldest, rows
-whose publishing failed (with the last error), and the relays connected.
-Exits 1 when the oldest pending row is older than --max-age (for alerts).`)
-	db := dbFlag(fs, env)
-	table := fs.String("outbox-table", outbox.DefaultTable, `outbox table, "name" or "schema.name"`)
-	asJSON := fs.Bool("json", false, "print JSON")
-	maxAge := fs.Duration("max-age", 0, "fail (exit 1) if the oldest pending row is older than this (0: never)")
-	if err := parse(fs, args[1:]); err != nil {
-		return err
-	}
-	if err := need(*db, "database-url", "PROTOEVENTS_DATABASE_URL"); err != nil {
-		return err
-	}
-	pool, err := connect(ctx, *db)
-	if err != nil {
-		return err
-	}
-	defer pool.Close()
-	st, err := outbox.Status(ctx, pool, outbox.WithTable(*table))
-	if err != nil {
-		return err
-	}
-	if *asJSON {
-		enc := json.NewEncoder(env.stdout)
-		enc.SetIndent("", "  ")
-		if err := enc.Encode(st); err != nil {
-			return err
-		}
+		specs, err = topics.Plan(cfg, ds...)
 	} else {
-		w := tabwriter.NewWriter(env.stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintf(w, "table\t%s\n", st.Table)
-		fmt.Fprintf(w, "lanes\t%d\n", st.Lanes)
-		fmt.Fprintf(w, "relays connected\t%d\n", st.Relays)
-		fmt.Fprintf(w, "pending\t%d\n", st.Pending)
-		fmt.Fprintf(w, "oldest pending\t%s\n", st.OldestPending.Round(time.Millisecond))
-		fmt.Fprintf(w, "failing\t%d\n", st.Failing)
-		if st.LastError != "" {
-			fmt.Fprintf(w, "last error\t%s\n", st.LastError)
-		}
-		fmt.Fprintf(w, "published (retained)\t%d\n", st.Published)
-		if !st.LastPublishedAt.IsZero() {
-			fmt.Fprintf(w, "last published\t%s\n", st.LastPublishedAt.UTC().Format(time.RFC3339))
-		}
-		w.Flush()
+		specs, err = topics.PlanNames(cfg, *dlq, splitList(*names)...)
 	}
-	if *maxAge > 0 && st.OldestPending > *maxAge {
-		fmt.Fprintf(env.stderr, "eventsctl outbox status: oldest pending row is %s old (> --max-age %s): is a relay running and can it reach Kafka?\n",
-			st.OldestPending.Round(time.Second), *maxAge)
-		return exitError(1)
+	if err != nil {
+		return fmt.Errorf("%w: %v", errUsage, err)
 	}
-	return nil
+	if len(specs) == 0 {
+		return fmt.Errorf("%w: no topics to %s", errUsage, sub)
+	}
+	if sub == "check" {
+		return topicsCheck(ctx, env, splitList(*brokers), specs)
+	}
+	created, err := topics.CreateSpecs(ctx, splitList(*brokers), nil, specs)
+	for _, s := range specs {
+		state := "exists, unchanged (see eventsctl topics check)"
+		if slices.Contains(created, s.Name) {
+			state = fmt.Sprintf("created (%d partitions, replication factor %d%s)", s.Partitions, s.ReplicationFactor, configSuffix(s.Configs))
+		}
+		kind := "topic"
+		if s.DLQ {
+			kind = "dlq"
+		}
+		fmt.Fprintf(env.stdout, "%-5s %s: %s\n", kind, s.Name, state)
+	}
+	return unreachable(err)
 }
 
 func runPrune(ctx context.Context, env *cliEnv, args []string) error {
@@ -294,7 +330,7 @@ values under the floor are refused.`)
 	defer pool.Close()
 	n, err := consumer.Prune(ctx, pool, *olderThan, consumer.WithTable(*table), consumer.WithRetentionFloor(*floor))
 	if err != nil {
-		return err
+		return migrateHint(err, "dedup table "+*table)
 	}
 	fmt.Fprintf(env.stdout, "pruned %d dedup rows older than %s\n", n, *olderThan)
 	return nil
@@ -307,7 +343,15 @@ func runCompat(ctx context.Context, env *cliEnv, args []string) error {
 	return nil
 }
 
-func runVersion(_ context.Context, env *cliEnv, _ []string) error {
+func runVersion(_ context.Context, env *cliEnv, args []string) error {
+	fs := newFlags(env, "version", "[--json]", "Prints the version of eventsctl and the protoevents runtime it carries.")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(env.stdout, map[string]string{"name": "eventsctl", "version": events.Version})
+	}
 	fmt.Fprintln(env.stdout, "eventsctl (protoevents runtime) v"+events.Version)
 	return nil
 }

@@ -58,8 +58,15 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		{[]string{"dlq", "list", "--brokers", "b:9092"}, 2, "--topic is required"},
 		{[]string{"dlq", "redrive", "--brokers", "b:9092", "--topic", "t.dlq"}, 2, "choose exactly one of --offset, --event-id or --all"},
 		{[]string{"dlq", "redrive", "--brokers", "b:9092", "--topic", "t.dlq", "--offset", "x"}, 2, `offset "x" is not a non-negative integer`},
-		{[]string{"outbox"}, 2, `want "eventsctl outbox status"`},
-		{[]string{"topics", "create", "--brokers", "b:9092"}, 2, "--topic is required"},
+		{[]string{"outbox"}, 2, "missing subcommand"},
+		{[]string{"outbox", "purge"}, 2, `unknown subcommand "purge"`},
+		{[]string{"dlq", "purge"}, 2, `unknown subcommand "purge"`},
+		{[]string{"outbox", "list", "--database-url", "postgres://x"}, 2, "choose one of --stuck, --parked or --log"},
+		{[]string{"outbox", "park", "--database-url", "postgres://x", "--id", "7"}, 2, "--reason is required"},
+		{[]string{"outbox", "drop", "--database-url", "postgres://x", "--id", "seven", "--reason", "r"}, 2, `--id "seven" is not a row id`},
+		{[]string{"migrate", "--database-url", "postgres://x", "--lanes", "0"}, 2, "--lanes 0: want 1..1024"},
+		{[]string{"version", "--bogus"}, 2, "flag provided but not defined"},
+		{[]string{"topics", "create", "--brokers", "b:9092"}, 2, "give one of --lock (the plugin's events.lock) or --topic"},
 		{[]string{"migrate", "--bogus"}, 2, "flag provided but not defined: -bogus"},
 		{[]string{"migrate", "--database-url", "postgres://x", "--only", "both"}, 2, "--only must be outbox or consumer"},
 		{[]string{"compat"}, 2, ""},
@@ -125,7 +132,7 @@ func TestDemoPoisonRedrive(t *testing.T) {
 		t.Fatalf("migrate: exit %d\n%s%s", code, out, errOut)
 	}
 	code, out, errOut := cli(t, env, "topics", "create", "--topic", ordersv1.OrderPlacedTopic, "--partitions", "3")
-	if code != 0 || !strings.Contains(out, ordersv1.OrderPlacedDLQTopic+": created (3 partitions)") {
+	if code != 0 || !strings.Contains(out, ordersv1.OrderPlacedDLQTopic+": created (3 partitions") {
 		t.Fatalf("topics create: exit %d\n%s%s", code, out, errOut)
 	}
 	code, out, errOut = cli(t, env, "topics", "create", "--topic", ordersv1.OrderPlacedTopic)
@@ -148,17 +155,33 @@ func TestDemoPoisonRedrive(t *testing.T) {
 	}
 
 	code, out, errOut = cli(t, env, "dlq", "list", "--topic", ordersv1.OrderPlacedDLQTopic)
-	if code != 0 || strings.Count(out, "\n") != 1+len(rep.DLQEntries) || !strings.Contains(out, rep.DLQEntries[0].EventID) ||
+	n := itoa(len(rep.DLQEntries))
+	if code != 0 || !strings.Contains(out, n+" message(s) of "+n+" in "+ordersv1.OrderPlacedDLQTopic) || !strings.Contains(out, rep.DLQEntries[0].EventID) ||
 		!strings.Contains(out, `no carrier serves country "ZZ"`) || !strings.Contains(out, ordersv1.OrderPlacedTopic+"/") {
 		t.Fatalf("dlq list: exit %d\n%s%s", code, out, errOut)
 	}
-	if code, _, errOut := cli(t, env, "dlq", "list", "--topic", "never.seen.dlq"); code != 1 || !strings.Contains(errOut, "DLQ topic never.seen.dlq does not exist") {
+	if code, _, errOut := cli(t, env, "dlq", "list", "--topic", "never.seen.dlq"); code != exitFailed || !strings.Contains(errOut, "DLQ topic never.seen.dlq does not exist") {
 		t.Fatalf("dlq list of a missing topic: exit %d, %q", code, errOut)
 	}
 	e := rep.DLQEntries[0]
-	code, out, errOut = cli(t, env, "dlq", "show", "--topic", ordersv1.OrderPlacedDLQTopic, "--partition", itoa(e.Partition), "--offset", itoa(int(e.Offset)))
-	if code != 0 || !strings.Contains(out, "dlq_error: ") || !strings.Contains(out, `"event_id":"`+e.EventID+`"`) {
+	code, out, errOut = cli(t, env, "dlq", "list", "--topic", ordersv1.OrderPlacedDLQTopic, "--consumer", e.Consumer, "--since", "1h", "--limit", "1")
+	if code != 0 || !strings.Contains(out, "1 message(s) of "+n) || !strings.Contains(out, e.Consumer+" 1") {
+		t.Fatalf("dlq list --consumer --since --limit: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut = cli(t, env, "dlq", "list", "--topic", ordersv1.OrderPlacedDLQTopic, "--consumer", "nobody"); code != 0 || !strings.Contains(out, "no message of "+ordersv1.OrderPlacedDLQTopic+" matches") {
+		t.Fatalf("dlq list --consumer nobody: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut = cli(t, env, "dlq", "list", "--topic", ordersv1.OrderPlacedDLQTopic, "--json"); code != 0 || !strings.Contains(out, `"value_dropped": false`) || !strings.Contains(out, `"dead_lettered_at"`) {
+		t.Fatalf("dlq list --json: exit %d\n%s%s", code, out, errOut)
+	}
+	// No --partition: the one partition holding the offset is found.
+	code, out, errOut = cli(t, env, "dlq", "show", "--topic", ordersv1.OrderPlacedDLQTopic, "--offset", itoa(int(e.Offset)))
+	if code != 0 || !strings.Contains(out, "dlq_error: ") || !strings.Contains(out, "event:     shop.orders.v1.OrderPlaced "+e.EventID) ||
+		!strings.Contains(out, "envelope:  json, shop.orders.v1.OrderPlaced v1") {
 		t.Fatalf("dlq show: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, _, errOut = cli(t, env, "dlq", "redrive", "--topic", ordersv1.OrderPlacedDLQTopic, "--event-id", "nope"); code != exitUsage || !strings.Contains(errOut, `--event-id "nope" is not a valid event ID`) {
+		t.Fatalf("redrive --event-id nope: exit %d, %q", code, errOut)
 	}
 	if code, out, errOut := cli(t, env, "outbox", "status"); code != 0 || !strings.Contains(out, "pending") {
 		t.Fatalf("outbox status: exit %d\n%s%s", code, out, errOut)
@@ -263,7 +286,7 @@ func TestRelayProcess(t *testing.T) {
 	if code, body := get("/healthz"); code != http.StatusOK || strings.TrimSpace(body) != "ok" {
 		t.Errorf("/healthz: %d %q", code, body)
 	}
-	if code, out, _ := cli(t, env, "outbox", "status", "--json"); code != 0 || !strings.Contains(out, `"Pending": 0`) {
+	if code, out, _ := cli(t, env, "outbox", "status", "--json"); code != 0 || !strings.Contains(out, `"pending": 0,`) {
 		t.Errorf("outbox status after the relay: exit %d\n%s", code, out)
 	}
 	stop()

@@ -1,7 +1,14 @@
 // Command eventsctl operates protoevents in production: it migrates the
-// schema, runs the outbox relay as a process, reports the outbox's backlog,
-// lists, shows and redrives dead-lettered messages, prunes the dedup table
-// and checks event schemas for breaking changes.
+// schema, runs the outbox relay as a process, provisions and checks the
+// event topics from events.lock, reports the outbox's backlog per topic,
+// retries, parks or drops stuck outbox rows, lists, shows and redrives
+// dead-lettered messages, prunes the dedup table and checks event schemas
+// for breaking changes.
+//
+// Exit codes are the same for every command: 0 success, 1 a check failed
+// (outbox status --max-age, topics check, compat), 2 usage error, 3 a
+// dependency (Postgres, Kafka) unreachable or timed out, 4 any other
+// failure. compat keeps its own 0/1/2 (2: inputs unreadable).
 //
 // Every connection flag also reads an environment variable, so a
 // deployment sets them once:
@@ -36,8 +43,8 @@ type command struct {
 var commands = []command{
 	{"migrate", "create or upgrade the outbox and dedup tables (idempotent)", runMigrate},
 	{"relay", "run the outbox relay: publish committed events to Kafka", runRelay},
-	{"topics", "create event topics and their DLQ topics", runTopics},
-	{"outbox", "outbox status: pending rows, oldest pending age, failures", runOutbox},
+	{"topics", "create or check event topics and their DLQ topics (from events.lock)", runTopics},
+	{"outbox", "outbox status per topic; list, retry, park or drop stuck rows", runOutbox},
 	{"dlq", "dead-letter queues: list, show and redrive messages", runDLQ},
 	{"saga", "sagas: list, show (the path taken) and retry parked ones", runSaga},
 	{"prune", "delete dedup rows older than the retention", runPrune},
@@ -62,8 +69,9 @@ func main() {
 	os.Exit(run(ctx, &cliEnv{stdout: os.Stdout, stderr: os.Stderr, getenv: os.Getenv}, os.Args[1:]))
 }
 
-// run executes one command line and returns the exit code: 0 success, 1
-// failure, 2 usage error (and, for compat, 1 means breaking changes).
+// run executes one command line and returns the exit code (see
+// exitcodes.go): 0 success, 1 a check failed, 2 usage error, 3 a
+// dependency unreachable, 4 any other failure.
 func run(ctx context.Context, env *cliEnv, args []string) int {
 	if len(args) == 1 && (args[0] == "--version" || args[0] == "-version") {
 		args = []string{"version"}
@@ -85,19 +93,13 @@ func run(ctx context.Context, env *cliEnv, args []string) int {
 		err := c.run(ctx, env, args[1:])
 		var exit exitError
 		switch {
-		case err == nil:
-			return 0
-		case errors.Is(err, flag.ErrHelp):
-			return 0
+		case err == nil, errors.Is(err, flag.ErrHelp):
+			return exitOK
 		case errors.As(err, &exit):
 			return int(exit)
-		case errors.Is(err, errUsage):
-			fmt.Fprintf(env.stderr, "eventsctl %s: %v\n", c.name, err)
-			return 2
-		default:
-			fmt.Fprintf(env.stderr, "eventsctl %s: %v\n", c.name, err)
-			return 1
 		}
+		fmt.Fprintf(env.stderr, "eventsctl %s: %v\n", c.name, err)
+		return exitCode(err)
 	}
 	fmt.Fprintf(env.stderr, "eventsctl: unknown command %q; run \"eventsctl help\" for the list\n", args[0])
 	return 2
@@ -120,6 +122,9 @@ Commands:
 		fmt.Fprintf(w, "  %-9s %s\n", c.name, c.summary)
 	}
 	fmt.Fprint(w, `
+Exit codes:
+  0 ok, 1 check failed, 2 usage error, 3 Postgres or Kafka unreachable, 4 other failure
+
 Environment:
   PROTOEVENTS_DATABASE_URL   Postgres URL, for --database-url (DATABASE_URL also works)
   PROTOEVENTS_KAFKA_BROKERS  comma-separated Kafka brokers, for --brokers

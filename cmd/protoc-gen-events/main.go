@@ -5,18 +5,36 @@
 // key, a typed transactional-outbox producer, a typed idempotent consumer and
 // the file's event registry.
 //
-// With buf, list it as a local plugin in buf.gen.yaml:
+// With buf, list it as a local plugin in buf.gen.yaml, beside
+// protoc-gen-go and with the same out and module:
 //
 //	plugins:
+//	  - local: ["go", "run", "google.golang.org/protobuf/cmd/protoc-gen-go"]
+//	    out: .
+//	    opt: module=example.com/shop
+//	    strategy: all
 //	  - local: ["go", "run", "github.com/protoevents/protoevents/cmd/protoc-gen-events"]
-//	    out: gen
+//	    out: .
+//	    opt:
+//	      - module=example.com/shop
+//	      - lock=events.lock
 //	    strategy: all
 //
-// (strategy: all lets the generator see every file at once, so it can check
-// topics and supersedes across packages). With protoc, put the binary on
-// PATH and run
+// lock=events.lock turns on the compatibility check: every run compares
+// the event schemas with the committed events.lock, fails on a breaking
+// change and rewrites the lock when the change is compatible. Without it
+// nothing is checked. The lock is read relative to where buf runs and
+// written relative to out; with another out than ".", say where to write
+// it as well:
 //
-//	protoc --go_out=gen --events_out=gen path/to/file.proto
+//	out: gen
+//	opt: [lock=gen/events.lock, lock_out=events.lock]
+//
+// strategy: all lets the generator see every file at once, so it can check
+// topics and supersedes across packages (and is required with lock=). With
+// protoc, put the binary on PATH and run
+//
+//	protoc --go_out=. --events_out=. --events_opt=lock=events.lock path/to/file.proto
 //
 // Invalid event options fail the run, naming the file, line, message and
 // fix for each, and nothing is written.

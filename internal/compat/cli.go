@@ -102,7 +102,9 @@ func RunCLI(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	case *imageFile != "":
 		cur, files, err = readImageFile(*imageFile)
 	default:
-		cur, files, err = b.build(ctx, ".")
+		if err = inBufWorkspace("."); err == nil {
+			cur, files, err = b.build(ctx, ".")
+		}
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "compat: current schemas: %v\n", err)
@@ -216,4 +218,17 @@ func lockFromImage(data []byte) (*Lock, []protoreflect.FileDescriptor, error) {
 func isLockData(data []byte) bool {
 	t := bytes.TrimLeft(data, " \t\r\n")
 	return len(t) > 0 && t[0] == '{'
+}
+
+// inBufWorkspace checks that dir is a buf module or workspace root, so the
+// current schemas are built from it rather than from whatever .proto files
+// lie below an unrelated directory.
+func inBufWorkspace(dir string) error {
+	for _, name := range []string{"buf.yaml", "buf.work.yaml"} {
+		if _, err := os.Stat(filepath.Join(dir, name)); err == nil {
+			return nil
+		}
+	}
+	abs, _ := filepath.Abs(dir)
+	return fmt.Errorf("%s has no buf.yaml: run compat from the buf workspace root, or pass the current schemas with --lock events.lock or --image", abs)
 }

@@ -33,7 +33,8 @@ const (
 	// (or a number the old schema reserved).
 	RuleFieldNumberReused = "FIELD_NUMBER_REUSED"
 	// RuleFieldRenamed: a field keeps its number and type but has a new
-	// name; the JSON envelope uses names.
+	// name; the JSON envelope's payload carries proto field names
+	// (protojson UseProtoNames), so consumers reading JSON break.
 	RuleFieldRenamed = "FIELD_RENAMED"
 	// RuleFieldJSONNameChanged: a field's json_name changed.
 	RuleFieldJSONNameChanged = "FIELD_JSON_NAME_CHANGED"
@@ -307,7 +308,7 @@ func (c *comparer) message(name, event string, path []string) {
 				continue
 			}
 			c.add(RuleFieldRenamed, file, line, col,
-				fmt.Sprintf("field %s = %d (%s) renamed to %s (JSON name %q, was %q)", fq, of.Number, ctx, nf.Name, nf.JSONName, of.JSONName),
+				fmt.Sprintf("field %s = %d (%s) renamed to %q, was %q (the JSON envelope's payload carries proto field names)", fq, of.Number, ctx, nf.Name, of.Name),
 				fmt.Sprintf("restore the name %s; %s", of.Name, newVersionFix(ev)))
 		} else if nf.JSONName != of.JSONName {
 			c.add(RuleFieldJSONNameChanged, file, line, col,

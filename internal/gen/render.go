@@ -129,10 +129,6 @@ func renderDescriptor(f *jen.File, ev *event) {
 	n, o, m := ev.names, ev.opts, ev.msg
 	lines := wrap(fmt.Sprintf("%s describes the %s event: where it is published, how it is "+
 		"keyed and how to decode it. It is registered with the events runtime at init.", n.Descriptor, m.Desc.FullName()))
-	if c := commentLines(m.Comments.Leading); len(c) > 0 {
-		lines = append(lines, "")
-		lines = append(lines, c...)
-	}
 	f.Add(docLines(lines...))
 	field := func(name string, v jen.Code) jen.Code { return jen.Line().Id(name).Op(":").Add(v) }
 	f.Var().Id(n.Descriptor).Op("=").Op("&").Qual(runtimePkg, "Descriptor").Values(
@@ -151,18 +147,20 @@ func renderDescriptor(f *jen.File, ev *event) {
 
 func renderMethods(f *jen.File, ev *event) error {
 	m := ev.msg
-	form, body, err := keyExpr(ev.keyPath)
+	form, body, integer, err := keyExpr(ev.keyPath)
 	if err != nil {
 		return fmt.Errorf("%s: %w", m.Desc.FullName(), err)
+	}
+	unset := "An unset or empty field yields an empty key, which publishing refuses (outbox.ErrEmptyKey)."
+	if integer {
+		unset = "An unset field, or 0 (which proto3 cannot tell from unset), yields no key, which publishing refuses (outbox.ErrEmptyKey)."
 	}
 	f.Add(doc(
 		fmt.Sprintf("EventKey returns the canonical Kafka key of the event: the %s field %s.", ev.opts.GetKey(), form),
 		"Events with equal keys go to the same partition, so they keep their order.",
-		"An unset field yields the key of its zero value.",
+		unset,
 	))
-	f.Func().Params(jen.Id("x").Op("*").Id(m.GoIdent.GoName)).Id("EventKey").Params().Index().Byte().Block(
-		jen.Return(body),
-	)
+	f.Func().Params(jen.Id("x").Op("*").Id(m.GoIdent.GoName)).Id("EventKey").Params().Index().Byte().Block(body...)
 	f.Add(doc(fmt.Sprintf("EventDescriptor returns %s.", ev.names.Descriptor)))
 	f.Func().Params(jen.Id("x").Op("*").Id(m.GoIdent.GoName)).Id("EventDescriptor").Params().
 		Op("*").Qual(runtimePkg, "Descriptor").Block(
@@ -171,31 +169,40 @@ func renderMethods(f *jen.File, ev *event) error {
 	return nil
 }
 
-// keyExpr returns the expression reading the key at path from the receiver
-// x, rendered canonically, and a phrase describing that form.
-func keyExpr(path []*protogen.Field) (form string, expr jen.Code, err error) {
+// keyExpr returns the statements of EventKey reading the key at path from
+// the receiver x, rendered canonically, a phrase describing that form, and
+// whether the key is an integer (whose 0 is refused like an unset field).
+func keyExpr(path []*protogen.Field) (form string, body []jen.Code, integer bool, err error) {
 	if len(path) == 0 {
-		return "", nil, fmt.Errorf("no key path")
+		return "", nil, false, fmt.Errorf("no key path")
 	}
 	access := jen.Id("x")
 	for _, fld := range path {
 		access = access.Dot("Get" + fld.GoName).Call()
 	}
+	// nonZero renders an integer key: 0 yields nil, an empty key.
+	nonZero := func(render *jen.Statement) []jen.Code {
+		return []jen.Code{
+			jen.If(jen.Id("v").Op(":=").Add(access), jen.Id("v").Op("!=").Lit(0)).Block(jen.Return(render)),
+			jen.Return(jen.Nil()),
+		}
+	}
+	v := jen.Id("v")
 	switch k := path[len(path)-1].Desc.Kind(); k {
 	case protoreflect.StringKind:
-		return "as UTF-8 bytes", jen.Index().Byte().Parens(access), nil
+		return "as UTF-8 bytes", []jen.Code{jen.Return(jen.Index().Byte().Parens(access))}, false, nil
 	case protoreflect.BytesKind:
-		return "as a copy of its bytes", jen.Qual("bytes", "Clone").Call(access), nil
+		return "as a copy of its bytes", []jen.Code{jen.Return(jen.Qual("bytes", "Clone").Call(access))}, false, nil
 	case protoreflect.Int64Kind, protoreflect.Sint64Kind, protoreflect.Sfixed64Kind:
-		return "as decimal text", jen.Qual("strconv", "AppendInt").Call(jen.Nil(), access, jen.Lit(10)), nil
+		return "as decimal text", nonZero(jen.Qual("strconv", "AppendInt").Call(jen.Nil(), v, jen.Lit(10))), true, nil
 	case protoreflect.Int32Kind, protoreflect.Sint32Kind, protoreflect.Sfixed32Kind:
-		return "as decimal text", jen.Qual("strconv", "AppendInt").Call(jen.Nil(), jen.Int64().Parens(access), jen.Lit(10)), nil
+		return "as decimal text", nonZero(jen.Qual("strconv", "AppendInt").Call(jen.Nil(), jen.Int64().Parens(v), jen.Lit(10))), true, nil
 	case protoreflect.Uint64Kind, protoreflect.Fixed64Kind:
-		return "as decimal text", jen.Qual("strconv", "AppendUint").Call(jen.Nil(), access, jen.Lit(10)), nil
+		return "as decimal text", nonZero(jen.Qual("strconv", "AppendUint").Call(jen.Nil(), v, jen.Lit(10))), true, nil
 	case protoreflect.Uint32Kind, protoreflect.Fixed32Kind:
-		return "as decimal text", jen.Qual("strconv", "AppendUint").Call(jen.Nil(), jen.Uint64().Parens(access), jen.Lit(10)), nil
+		return "as decimal text", nonZero(jen.Qual("strconv", "AppendUint").Call(jen.Nil(), jen.Uint64().Parens(v), jen.Lit(10))), true, nil
 	default:
-		return "", nil, fmt.Errorf("key of kind %v passed validation", k)
+		return "", nil, false, fmt.Errorf("key of kind %v passed validation", k)
 	}
 }
 
@@ -398,20 +405,6 @@ func wrap(text string) []string {
 	}
 	if cur.Len() > 0 {
 		lines = append(lines, cur.String())
-	}
-	return lines
-}
-
-// commentLines turns a proto comment into lines for doc, dropping the
-// single leading space protoc keeps and trailing blank lines.
-func commentLines(c protogen.Comments) []string {
-	s := strings.TrimRight(string(c), " \t\n")
-	if s == "" {
-		return nil
-	}
-	lines := strings.Split(s, "\n")
-	for i, l := range lines {
-		lines[i] = strings.TrimRight(strings.TrimPrefix(l, " "), " \t")
 	}
 	return lines
 }

@@ -284,6 +284,9 @@ func keyFieldProblem(fld *protogen.Field, last bool) (problem, fix string) {
 	d := fld.Desc
 	const scalarFix = "key on a singular string, bytes or integer field, e.g. an ID"
 	switch {
+	case d.ContainingOneof() != nil && !d.ContainingOneof().IsSynthetic():
+		return fmt.Sprintf("is a member of oneof %s: whenever another member is set it is empty and the event has no key", d.ContainingOneof().Name()),
+			"key on a field outside the oneof that every event of this type sets, e.g. an ID"
 	case d.IsMap():
 		return "is a map, which has no single key value", scalarFix
 	case d.IsList():

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/oklog/ulid/v2"
 	"github.com/segmentio/kafka-go"
@@ -144,7 +145,11 @@ func Decode(m kafka.Message) (*Envelope, error) {
 	case FormatProto:
 		var p eventsv1.Envelope
 		if err := proto.Unmarshal(m.Value, &p); err != nil {
-			return nil, &DecodeError{Reason: "value is not a Protobuf envelope", Err: err}
+			return nil, &DecodeError{Reason: notProtoReason(m), Err: err}
+		}
+		if _, typed := Header(m, HeaderContentType); !typed && p.GetEventType() == "" && utf8.Valid(m.Value) {
+			// Text that happens to parse as Protobuf unknown fields.
+			return nil, &DecodeError{Reason: notProtoReason(m)}
 		}
 		env.Type, env.SchemaVersion = p.GetEventType(), p.GetSchemaVersion()
 		if p.OccurredAt != nil {
@@ -251,4 +256,22 @@ func Header(m kafka.Message, key string) (string, bool) {
 		}
 	}
 	return "", false
+}
+
+// notProtoReason explains a value that failed to parse as a Protobuf
+// envelope. Without a content-type header the format was only sniffed, so
+// a value that is not a JSON object either (plain text, a JSON array or
+// string) is reported as such rather than as bad Protobuf.
+func notProtoReason(m kafka.Message) string {
+	if _, ok := Header(m, HeaderContentType); ok {
+		return "value is not a Protobuf envelope (content-type " + ContentTypeProto + ")"
+	}
+	head := m.Value
+	if len(head) > 32 {
+		head = head[:32]
+	}
+	if utf8.Valid(head) {
+		return fmt.Sprintf("value is not an envelope: it has no content-type header and is neither a JSON object nor Protobuf (it starts %q)", head)
+	}
+	return "value is not an envelope: it has no content-type header, is not a JSON object and does not parse as a Protobuf envelope"
 }

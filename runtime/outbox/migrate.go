@@ -75,6 +75,13 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
 	if _, err := tx.Exec(ctx, ddl); err != nil {
 		return fmt.Errorf("outbox: migrate %s: %w", qualified, err)
 	}
+	stuckDDL, err := renderStuckSchema(schema, t.name)
+	if err != nil {
+		return fmt.Errorf("outbox: migrate %s: %w", qualified, err)
+	}
+	if _, err := tx.Exec(ctx, stuckDDL); err != nil {
+		return fmt.Errorf("outbox: migrate %s: stuck-row tables: %w", qualified, err)
+	}
 	if err := tx.Commit(ctx); err != nil {
 		return fmt.Errorf("outbox: migrate %s: commit: %w", qualified, err)
 	}

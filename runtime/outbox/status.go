@@ -31,6 +31,9 @@ type TableStatus struct {
 	// LastPublishedAt is when the latest row was published (zero if none
 	// is retained).
 	LastPublishedAt time.Time
+	// Topics is the backlog per topic (pending, oldest, failing keys,
+	// parked and dropped rows), sorted by topic.
+	Topics []TopicStatus
 }
 
 // Status reports the state of the outbox table.
@@ -67,6 +70,9 @@ func Status(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (TableStatu
 	}
 	if last != nil {
 		st.LastPublishedAt = *last
+	}
+	if st.Topics, err = topicStatuses(ctx, tx, rt); err != nil {
+		return st, fmt.Errorf("outbox: status %s: %w", st.Table, err)
 	}
 	if err := tx.QueryRow(ctx, sqlLiveRelays, rt.oid, uint32(presenceLane)).Scan(&st.Relays); err != nil {
 		return st, fmt.Errorf("outbox: status %s: relays: %w", st.Table, err)

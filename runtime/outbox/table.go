@@ -25,8 +25,8 @@ const DefaultLanes = 16
 const maxLanes = 1024
 
 // ErrNoTable is returned when the outbox table does not exist (yet): run
-// Migrate first.
-var ErrNoTable = errors.New("outbox: table does not exist (run outbox.Migrate)")
+// Migrate (or "eventsctl migrate") first.
+var ErrNoTable = errors.New("outbox: table does not exist: run `eventsctl migrate` (or outbox.Migrate) first")
 
 // errNotOutbox marks a table that exists but was not made by Migrate.
 var errNotOutbox = errors.New("is not a protoevents outbox")

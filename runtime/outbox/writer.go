@@ -100,7 +100,7 @@ func (w *Writer) Write(ctx context.Context, tx Tx, ev events.Event, opts ...even
 		return events.EventID{}, err
 	}
 	if _, err := tx.Exec(ctx, w.q.insert, r.id.String(), r.eventType, r.topic, r.key, r.value, r.headers); err != nil {
-		return events.EventID{}, fmt.Errorf("outbox: insert %s %s into %s: %w", r.eventType, r.id, w.table, err)
+		return events.EventID{}, fmt.Errorf("outbox: insert %s %s into %s: %w", r.eventType, r.id, w.table, missingTable(err))
 	}
 	return r.id, nil
 }
@@ -131,7 +131,7 @@ func (w *Writer) WriteBatch(ctx context.Context, tx Tx, evs []events.Event, opts
 		eids[i], types[i], topics[i], keys[i], values[i], hdrs[i] = r.id.String(), r.eventType, r.topic, r.key, r.value, r.headers
 	}
 	if _, err := tx.Exec(ctx, w.q.insertBatch, eids, types, topics, keys, values, hdrs); err != nil {
-		return nil, fmt.Errorf("outbox: insert %d events into %s: %w", len(evs), w.table, err)
+		return nil, fmt.Errorf("outbox: insert %d events into %s: %w", len(evs), w.table, missingTable(err))
 	}
 	return ids, nil
 }

@@ -6,6 +6,10 @@
 //	relay, _ := outbox.NewRelay(pool, brokers, outbox.WithMetrics(m.Relay()))
 //	c, _ := ordersv1.NewOrderPlacedConsumer(cfg, h, consumer.WithHooks(m.Consumer(cfg.Name)))
 //	http.Handle("/metrics", promhttp.Handler())
+//
+// NewOutboxCollector adds the outbox's backlog per topic (pending rows,
+// oldest age, failing keys, parked and dropped rows), read from the
+// database at each scrape.
 package prommetrics
 
 import (

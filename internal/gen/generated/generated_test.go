@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
@@ -41,7 +42,9 @@ func TestEventKeys(t *testing.T) {
 		{"proto3 optional set", &paymentsv1.RefundRequested{RefundId: &refund}, []byte("r-7")},
 		{"proto3 optional unset", &paymentsv1.RefundRequested{}, []byte{}},
 		{"editions sfixed32", &inventoryv1.Stock_Adjusted{Warehouse: &warehouse}, []byte("-3")},
-		{"editions sfixed32 unset", &inventoryv1.Stock_Adjusted{}, []byte("0")},
+		{"editions sfixed32 unset", &inventoryv1.Stock_Adjusted{}, nil},
+		{"int64 zero", &paymentsv1.PaymentCaptured{}, nil},
+		{"uint64 zero", &paymentsv1.LedgerEntryPosted{LedgerSeq: 0}, nil},
 		{"editions nested fixed32", &inventoryv1.ShelfScanned{Location: &inventoryv1.ShelfScanned_Location{Shelf: &shelf}}, []byte("4294967295")},
 	} {
 		if got := tc.ev.EventKey(); !bytes.Equal(got, tc.want) {
@@ -172,5 +175,36 @@ func TestConsumerBindsHandler(t *testing.T) {
 	}
 	if got := c.DLQTopic(); got != ordersv1.OrderPlacedDLQTopic {
 		t.Errorf("consumer DLQ topic %q, want the descriptor's %q", got, ordersv1.OrderPlacedDLQTopic)
+	}
+}
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// TestZeroIntegerKeyRefused: an integer key of 0 cannot be told from an
+// unset one, so publishing it is refused like an empty key; 1 goes in.
+func TestZeroIntegerKeyRefused(t *testing.T) {
+	ctx := context.Background()
+	pool, _ := testenv.DB(t)
+	if err := outbox.Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	w, err := outbox.NewWriter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := paymentsv1.NewPaymentCapturedProducer(w)
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := p.Publish(ctx, tx, &paymentsv1.PaymentCaptured{PaymentId: 0})
+		return err
+	})
+	if !errors.Is(err, outbox.ErrEmptyKey) {
+		t.Fatalf("Publish with payment_id 0: %v, want outbox.ErrEmptyKey", err)
+	}
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := p.Publish(ctx, tx, &paymentsv1.PaymentCaptured{PaymentId: 1})
+		return err
+	})
+	if err != nil {
+		t.Fatalf("Publish with payment_id 1: %v", err)
 	}
 }

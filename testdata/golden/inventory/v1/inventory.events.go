@@ -42,9 +42,6 @@ const (
 // Stock_AdjustedEvent describes the inventory.v1.Stock.Adjusted event: where it
 // is published, how it is keyed and how to decode it. It is registered with the
 // events runtime at init.
-//
-// Adjusted is published when a stock level changes; it is declared
-// inside Stock and keyed by a 32-bit warehouse number.
 var Stock_AdjustedEvent = &events.Descriptor{
 	Type:       Stock_AdjustedEventType,
 	Topic:      Stock_AdjustedTopic,
@@ -61,9 +58,13 @@ var Stock_AdjustedEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the warehouse field as
 // decimal text. Events with equal keys go to the same partition, so they keep
-// their order. An unset field yields the key of its zero value.
+// their order. An unset field, or 0 (which proto3 cannot tell from unset),
+// yields no key, which publishing refuses (outbox.ErrEmptyKey).
 func (x *Stock_Adjusted) EventKey() []byte {
-	return strconv.AppendInt(nil, int64(x.GetWarehouse()), 10)
+	if v := x.GetWarehouse(); v != 0 {
+		return strconv.AppendInt(nil, int64(v), 10)
+	}
+	return nil
 }
 
 // EventDescriptor returns Stock_AdjustedEvent.
@@ -145,9 +146,6 @@ const (
 // ShelfScannedEvent describes the inventory.v1.ShelfScanned event: where it is
 // published, how it is keyed and how to decode it. It is registered with the
 // events runtime at init.
-//
-// ShelfScanned is keyed by a 32-bit unsigned shelf number inside a nested
-// location message.
 var ShelfScannedEvent = &events.Descriptor{
 	Type:       ShelfScannedEventType,
 	Topic:      ShelfScannedTopic,
@@ -164,9 +162,13 @@ var ShelfScannedEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the location.shelf
 // field as decimal text. Events with equal keys go to the same partition, so
-// they keep their order. An unset field yields the key of its zero value.
+// they keep their order. An unset field, or 0 (which proto3 cannot tell from
+// unset), yields no key, which publishing refuses (outbox.ErrEmptyKey).
 func (x *ShelfScanned) EventKey() []byte {
-	return strconv.AppendUint(nil, uint64(x.GetLocation().GetShelf()), 10)
+	if v := x.GetLocation().GetShelf(); v != 0 {
+		return strconv.AppendUint(nil, uint64(v), 10)
+	}
+	return nil
 }
 
 // EventDescriptor returns ShelfScannedEvent.

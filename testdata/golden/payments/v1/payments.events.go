@@ -43,8 +43,6 @@ const (
 // PaymentCapturedEvent describes the payments.v1.PaymentCaptured event: where
 // it is published, how it is keyed and how to decode it. It is registered with
 // the events runtime at init.
-//
-// PaymentCaptured is keyed by a signed 64-bit ID.
 var PaymentCapturedEvent = &events.Descriptor{
 	Type:       PaymentCapturedEventType,
 	Topic:      PaymentCapturedTopic,
@@ -61,9 +59,13 @@ var PaymentCapturedEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the payment_id field
 // as decimal text. Events with equal keys go to the same partition, so they
-// keep their order. An unset field yields the key of its zero value.
+// keep their order. An unset field, or 0 (which proto3 cannot tell from unset),
+// yields no key, which publishing refuses (outbox.ErrEmptyKey).
 func (x *PaymentCaptured) EventKey() []byte {
-	return strconv.AppendInt(nil, x.GetPaymentId(), 10)
+	if v := x.GetPaymentId(); v != 0 {
+		return strconv.AppendInt(nil, v, 10)
+	}
+	return nil
 }
 
 // EventDescriptor returns PaymentCapturedEvent.
@@ -145,8 +147,6 @@ const (
 // LedgerEntryPostedEvent describes the payments.v1.LedgerEntryPosted event:
 // where it is published, how it is keyed and how to decode it. It is registered
 // with the events runtime at init.
-//
-// LedgerEntryPosted is keyed by an unsigned 64-bit sequence number.
 var LedgerEntryPostedEvent = &events.Descriptor{
 	Type:       LedgerEntryPostedEventType,
 	Topic:      LedgerEntryPostedTopic,
@@ -163,9 +163,13 @@ var LedgerEntryPostedEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the ledger_seq field
 // as decimal text. Events with equal keys go to the same partition, so they
-// keep their order. An unset field yields the key of its zero value.
+// keep their order. An unset field, or 0 (which proto3 cannot tell from unset),
+// yields no key, which publishing refuses (outbox.ErrEmptyKey).
 func (x *LedgerEntryPosted) EventKey() []byte {
-	return strconv.AppendUint(nil, x.GetLedgerSeq(), 10)
+	if v := x.GetLedgerSeq(); v != 0 {
+		return strconv.AppendUint(nil, v, 10)
+	}
+	return nil
 }
 
 // EventDescriptor returns LedgerEntryPostedEvent.
@@ -247,8 +251,6 @@ const (
 // CardFingerprintedEvent describes the payments.v1.CardFingerprinted event:
 // where it is published, how it is keyed and how to decode it. It is registered
 // with the events runtime at init.
-//
-// CardFingerprinted is keyed by raw bytes.
 var CardFingerprintedEvent = &events.Descriptor{
 	Type:       CardFingerprintedEventType,
 	Topic:      CardFingerprintedTopic,
@@ -265,7 +267,8 @@ var CardFingerprintedEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the fingerprint field
 // as a copy of its bytes. Events with equal keys go to the same partition, so
-// they keep their order. An unset field yields the key of its zero value.
+// they keep their order. An unset or empty field yields an empty key, which
+// publishing refuses (outbox.ErrEmptyKey).
 func (x *CardFingerprinted) EventKey() []byte {
 	return bytes.Clone(x.GetFingerprint())
 }
@@ -349,8 +352,6 @@ const (
 // RefundRequestedEvent describes the payments.v1.RefundRequested event: where
 // it is published, how it is keyed and how to decode it. It is registered with
 // the events runtime at init.
-//
-// RefundRequested is keyed by a proto3 optional field.
 var RefundRequestedEvent = &events.Descriptor{
 	Type:       RefundRequestedEventType,
 	Topic:      RefundRequestedTopic,
@@ -367,7 +368,8 @@ var RefundRequestedEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the refund_id field as
 // UTF-8 bytes. Events with equal keys go to the same partition, so they keep
-// their order. An unset field yields the key of its zero value.
+// their order. An unset or empty field yields an empty key, which publishing
+// refuses (outbox.ErrEmptyKey).
 func (x *RefundRequested) EventKey() []byte {
 	return []byte(x.GetRefundId())
 }

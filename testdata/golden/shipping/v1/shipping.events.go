@@ -41,8 +41,6 @@ const (
 // ParcelShippedEvent describes the shipping.v1.ParcelShipped event: where it is
 // published, how it is keyed and how to decode it. It is registered with the
 // events runtime at init.
-//
-// ParcelShipped is published when a parcel leaves the warehouse.
 var ParcelShippedEvent = &events.Descriptor{
 	Type:       ParcelShippedEventType,
 	Topic:      ParcelShippedTopic,
@@ -59,7 +57,8 @@ var ParcelShippedEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the tracking_number
 // field as UTF-8 bytes. Events with equal keys go to the same partition, so
-// they keep their order. An unset field yields the key of its zero value.
+// they keep their order. An unset or empty field yields an empty key, which
+// publishing refuses (outbox.ErrEmptyKey).
 func (x *ParcelShipped) EventKey() []byte {
 	return []byte(x.GetTrackingNumber())
 }

@@ -41,8 +41,6 @@ const (
 // OrderPlacedEvent describes the shop.orders.v1.OrderPlaced event: where it is
 // published, how it is keyed and how to decode it. It is registered with the
 // events runtime at init.
-//
-// OrderPlaced is published when a customer's order is accepted.
 var OrderPlacedEvent = &events.Descriptor{
 	Type:       OrderPlacedEventType,
 	Topic:      OrderPlacedTopic,
@@ -59,7 +57,8 @@ var OrderPlacedEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the order_id field as
 // UTF-8 bytes. Events with equal keys go to the same partition, so they keep
-// their order. An unset field yields the key of its zero value.
+// their order. An unset or empty field yields an empty key, which publishing
+// refuses (outbox.ErrEmptyKey).
 func (x *OrderPlaced) EventKey() []byte {
 	return []byte(x.GetOrderId())
 }
@@ -142,8 +141,6 @@ const (
 // OrderCancelledEvent describes the shop.orders.v1.OrderCancelled event: where
 // it is published, how it is keyed and how to decode it. It is registered with
 // the events runtime at init.
-//
-// OrderCancelled is published when an order is cancelled before shipping.
 var OrderCancelledEvent = &events.Descriptor{
 	Type:       OrderCancelledEventType,
 	Topic:      OrderCancelledTopic,
@@ -160,7 +157,8 @@ var OrderCancelledEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the order_id field as
 // UTF-8 bytes. Events with equal keys go to the same partition, so they keep
-// their order. An unset field yields the key of its zero value.
+// their order. An unset or empty field yields an empty key, which publishing
+// refuses (outbox.ErrEmptyKey).
 func (x *OrderCancelled) EventKey() []byte {
 	return []byte(x.GetOrderId())
 }

@@ -42,8 +42,6 @@ const (
 // OrderPlacedEvent describes the shop.orders.v2.OrderPlaced event: where it is
 // published, how it is keyed and how to decode it. It is registered with the
 // events runtime at init.
-//
-// OrderPlaced is published when a customer's order is accepted.
 var OrderPlacedEvent = &events.Descriptor{
 	Type:       OrderPlacedEventType,
 	Topic:      OrderPlacedTopic,
@@ -60,7 +58,8 @@ var OrderPlacedEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the order_id field as
 // UTF-8 bytes. Events with equal keys go to the same partition, so they keep
-// their order. An unset field yields the key of its zero value.
+// their order. An unset or empty field yields an empty key, which publishing
+// refuses (outbox.ErrEmptyKey).
 func (x *OrderPlaced) EventKey() []byte {
 	return []byte(x.GetOrderId())
 }

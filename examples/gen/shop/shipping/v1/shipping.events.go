@@ -41,9 +41,6 @@ const (
 // ShipmentCreatedEvent describes the shop.shipping.v1.ShipmentCreated event:
 // where it is published, how it is keyed and how to decode it. It is registered
 // with the events runtime at init.
-//
-// ShipmentCreated is published when shipping has booked a shipment for an
-// order.
 var ShipmentCreatedEvent = &events.Descriptor{
 	Type:       ShipmentCreatedEventType,
 	Topic:      ShipmentCreatedTopic,
@@ -60,7 +57,8 @@ var ShipmentCreatedEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the order_id field as
 // UTF-8 bytes. Events with equal keys go to the same partition, so they keep
-// their order. An unset field yields the key of its zero value.
+// their order. An unset or empty field yields an empty key, which publishing
+// refuses (outbox.ErrEmptyKey).
 func (x *ShipmentCreated) EventKey() []byte {
 	return []byte(x.GetOrderId())
 }
