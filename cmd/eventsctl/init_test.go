@@ -56,7 +56,7 @@ func TestInitEndToEnd(t *testing.T) {
 	sample := filepath.Join(dir, "proto/shop/v1/shop.proto")
 	before, _ := os.ReadFile(sample)
 	os.WriteFile(sample, append(before, []byte("// edited\n")...), 0o644)
-	if code, _, stderr := cli(t, nil, "init", "--dir", dir); code != 1 || !strings.Contains(stderr, "refusing to overwrite buf.yaml, buf.gen.yaml") {
+	if code, _, stderr := cli(t, nil, "init", "--dir", dir); code != exitFailed || !strings.Contains(stderr, "refusing to overwrite buf.yaml, buf.gen.yaml") {
 		t.Errorf("second init: exit %d, %s; want a refusal naming the files", code, stderr)
 	}
 	if after, _ := os.ReadFile(sample); !bytes.HasSuffix(after, []byte("// edited\n")) {

@@ -90,10 +90,10 @@ func TestSagaCommands(t *testing.T) {
 	if info, err := saga.Get(ctx, pool, "s-1"); err != nil || info.Status != saga.StatusCompensating || info.DeadlineKind != "retry" {
 		t.Fatalf("after retry: %+v %v; want compensating with a retry deadline", info, err)
 	}
-	if code, _, errOut = cli(t, env, append([]string{"saga", "retry", "--id", "s-1"}, table...)...); code != 1 || !strings.Contains(errOut, "not parked") {
+	if code, _, errOut = cli(t, env, append([]string{"saga", "retry", "--id", "s-1"}, table...)...); code != exitFailed || !strings.Contains(errOut, "not parked") {
 		t.Fatalf("second retry: exit %d, %s", code, errOut)
 	}
-	if code, _, errOut = cli(t, env, append([]string{"saga", "show", "--id", "nope"}, table...)...); code != 1 || !strings.Contains(errOut, "no such saga") {
+	if code, _, errOut = cli(t, env, append([]string{"saga", "show", "--id", "nope"}, table...)...); code != exitFailed || !strings.Contains(errOut, "no such saga") {
 		t.Fatalf("show unknown: exit %d, %s", code, errOut)
 	}
 	if code, _, _ = cli(t, env, "saga", "list", "--status", "weird"); code != 2 {

@@ -112,8 +112,8 @@ func TestGolden(t *testing.T) {
 			t.Errorf("v1 OrderPlaced superseded by %v", ev.SupersededBy)
 		}
 	}
-	if len(names) != 4 {
-		t.Errorf("events %v, want the examples' 4", names)
+	if len(names) != 18 {
+		t.Errorf("events %v, want the examples' 18 (orders, shipping and the order saga)", names)
 	}
 }
 

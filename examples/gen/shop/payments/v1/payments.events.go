@@ -41,8 +41,6 @@ const (
 // ChargeCardEvent describes the shop.payments.v1.ChargeCard event: where it is
 // published, how it is keyed and how to decode it. It is registered with the
 // events runtime at init.
-//
-// ChargeCard asks the payments service to charge the customer's card.
 var ChargeCardEvent = &events.Descriptor{
 	Type:       ChargeCardEventType,
 	Topic:      ChargeCardTopic,
@@ -59,7 +57,8 @@ var ChargeCardEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the order_id field as
 // UTF-8 bytes. Events with equal keys go to the same partition, so they keep
-// their order. An unset field yields the key of its zero value.
+// their order. An unset or empty field yields an empty key, which publishing
+// refuses (outbox.ErrEmptyKey).
 func (x *ChargeCard) EventKey() []byte {
 	return []byte(x.GetOrderId())
 }
@@ -142,8 +141,6 @@ const (
 // CardChargedEvent describes the shop.payments.v1.CardCharged event: where it
 // is published, how it is keyed and how to decode it. It is registered with the
 // events runtime at init.
-//
-// CardCharged replies that the card was charged.
 var CardChargedEvent = &events.Descriptor{
 	Type:       CardChargedEventType,
 	Topic:      CardChargedTopic,
@@ -160,7 +157,8 @@ var CardChargedEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the order_id field as
 // UTF-8 bytes. Events with equal keys go to the same partition, so they keep
-// their order. An unset field yields the key of its zero value.
+// their order. An unset or empty field yields an empty key, which publishing
+// refuses (outbox.ErrEmptyKey).
 func (x *CardCharged) EventKey() []byte {
 	return []byte(x.GetOrderId())
 }
@@ -244,8 +242,6 @@ const (
 // CardDeclinedEvent describes the shop.payments.v1.CardDeclined event: where it
 // is published, how it is keyed and how to decode it. It is registered with the
 // events runtime at init.
-//
-// CardDeclined replies that the card was not charged.
 var CardDeclinedEvent = &events.Descriptor{
 	Type:       CardDeclinedEventType,
 	Topic:      CardDeclinedTopic,
@@ -262,7 +258,8 @@ var CardDeclinedEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the order_id field as
 // UTF-8 bytes. Events with equal keys go to the same partition, so they keep
-// their order. An unset field yields the key of its zero value.
+// their order. An unset or empty field yields an empty key, which publishing
+// refuses (outbox.ErrEmptyKey).
 func (x *CardDeclined) EventKey() []byte {
 	return []byte(x.GetOrderId())
 }
@@ -346,10 +343,6 @@ const (
 // RefundCardEvent describes the shop.payments.v1.RefundCard event: where it is
 // published, how it is keyed and how to decode it. It is registered with the
 // events runtime at init.
-//
-// RefundCard asks the payments service to refund an order's charge; it is
-// a no-op for an order never charged, and makes a later ChargeCard for the
-// order decline.
 var RefundCardEvent = &events.Descriptor{
 	Type:       RefundCardEventType,
 	Topic:      RefundCardTopic,
@@ -366,7 +359,8 @@ var RefundCardEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the order_id field as
 // UTF-8 bytes. Events with equal keys go to the same partition, so they keep
-// their order. An unset field yields the key of its zero value.
+// their order. An unset or empty field yields an empty key, which publishing
+// refuses (outbox.ErrEmptyKey).
 func (x *RefundCard) EventKey() []byte {
 	return []byte(x.GetOrderId())
 }
@@ -449,8 +443,6 @@ const (
 // CardRefundedEvent describes the shop.payments.v1.CardRefunded event: where it
 // is published, how it is keyed and how to decode it. It is registered with the
 // events runtime at init.
-//
-// CardRefunded replies that the order holds no charge any more.
 var CardRefundedEvent = &events.Descriptor{
 	Type:       CardRefundedEventType,
 	Topic:      CardRefundedTopic,
@@ -467,7 +459,8 @@ var CardRefundedEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the order_id field as
 // UTF-8 bytes. Events with equal keys go to the same partition, so they keep
-// their order. An unset field yields the key of its zero value.
+// their order. An unset or empty field yields an empty key, which publishing
+// refuses (outbox.ErrEmptyKey).
 func (x *CardRefunded) EventKey() []byte {
 	return []byte(x.GetOrderId())
 }
@@ -551,9 +544,6 @@ const (
 // RefundFailedEvent describes the shop.payments.v1.RefundFailed event: where it
 // is published, how it is keyed and how to decode it. It is registered with the
 // events runtime at init.
-//
-// RefundFailed replies that the refund could not be made now (the card
-// network is down, say); the saga sends RefundCard again later.
 var RefundFailedEvent = &events.Descriptor{
 	Type:       RefundFailedEventType,
 	Topic:      RefundFailedTopic,
@@ -570,7 +560,8 @@ var RefundFailedEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the order_id field as
 // UTF-8 bytes. Events with equal keys go to the same partition, so they keep
-// their order. An unset field yields the key of its zero value.
+// their order. An unset or empty field yields an empty key, which publishing
+// refuses (outbox.ErrEmptyKey).
 func (x *RefundFailed) EventKey() []byte {
 	return []byte(x.GetOrderId())
 }

@@ -41,8 +41,6 @@ const (
 // ScheduleShippingEvent describes the shop.shipping.v1.ScheduleShipping event:
 // where it is published, how it is keyed and how to decode it. It is registered
 // with the events runtime at init.
-//
-// ScheduleShipping asks shipping to book a pickup for a paid order.
 var ScheduleShippingEvent = &events.Descriptor{
 	Type:       ScheduleShippingEventType,
 	Topic:      ScheduleShippingTopic,
@@ -59,7 +57,8 @@ var ScheduleShippingEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the order_id field as
 // UTF-8 bytes. Events with equal keys go to the same partition, so they keep
-// their order. An unset field yields the key of its zero value.
+// their order. An unset or empty field yields an empty key, which publishing
+// refuses (outbox.ErrEmptyKey).
 func (x *ScheduleShipping) EventKey() []byte {
 	return []byte(x.GetOrderId())
 }
@@ -144,8 +143,6 @@ const (
 // ShippingScheduledEvent describes the shop.shipping.v1.ShippingScheduled
 // event: where it is published, how it is keyed and how to decode it. It is
 // registered with the events runtime at init.
-//
-// ShippingScheduled replies that the pickup is booked.
 var ShippingScheduledEvent = &events.Descriptor{
 	Type:       ShippingScheduledEventType,
 	Topic:      ShippingScheduledTopic,
@@ -162,7 +159,8 @@ var ShippingScheduledEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the order_id field as
 // UTF-8 bytes. Events with equal keys go to the same partition, so they keep
-// their order. An unset field yields the key of its zero value.
+// their order. An unset or empty field yields an empty key, which publishing
+// refuses (outbox.ErrEmptyKey).
 func (x *ShippingScheduled) EventKey() []byte {
 	return []byte(x.GetOrderId())
 }
@@ -247,9 +245,6 @@ const (
 // ShippingRefusedEvent describes the shop.shipping.v1.ShippingRefused event:
 // where it is published, how it is keyed and how to decode it. It is registered
 // with the events runtime at init.
-//
-// ShippingRefused replies that no pickup can be booked, e.g. no carrier
-// serves the country.
 var ShippingRefusedEvent = &events.Descriptor{
 	Type:       ShippingRefusedEventType,
 	Topic:      ShippingRefusedTopic,
@@ -266,7 +261,8 @@ var ShippingRefusedEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the order_id field as
 // UTF-8 bytes. Events with equal keys go to the same partition, so they keep
-// their order. An unset field yields the key of its zero value.
+// their order. An unset or empty field yields an empty key, which publishing
+// refuses (outbox.ErrEmptyKey).
 func (x *ShippingRefused) EventKey() []byte {
 	return []byte(x.GetOrderId())
 }

@@ -41,8 +41,6 @@ const (
 // ReserveStockEvent describes the shop.stock.v1.ReserveStock event: where it is
 // published, how it is keyed and how to decode it. It is registered with the
 // events runtime at init.
-//
-// ReserveStock asks the stock service to set units aside for an order.
 var ReserveStockEvent = &events.Descriptor{
 	Type:       ReserveStockEventType,
 	Topic:      ReserveStockTopic,
@@ -59,7 +57,8 @@ var ReserveStockEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the order_id field as
 // UTF-8 bytes. Events with equal keys go to the same partition, so they keep
-// their order. An unset field yields the key of its zero value.
+// their order. An unset or empty field yields an empty key, which publishing
+// refuses (outbox.ErrEmptyKey).
 func (x *ReserveStock) EventKey() []byte {
 	return []byte(x.GetOrderId())
 }
@@ -142,8 +141,6 @@ const (
 // StockReservedEvent describes the shop.stock.v1.StockReserved event: where it
 // is published, how it is keyed and how to decode it. It is registered with the
 // events runtime at init.
-//
-// StockReserved replies that the units are set aside.
 var StockReservedEvent = &events.Descriptor{
 	Type:       StockReservedEventType,
 	Topic:      StockReservedTopic,
@@ -160,7 +157,8 @@ var StockReservedEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the order_id field as
 // UTF-8 bytes. Events with equal keys go to the same partition, so they keep
-// their order. An unset field yields the key of its zero value.
+// their order. An unset or empty field yields an empty key, which publishing
+// refuses (outbox.ErrEmptyKey).
 func (x *StockReserved) EventKey() []byte {
 	return []byte(x.GetOrderId())
 }
@@ -244,8 +242,6 @@ const (
 // StockUnavailableEvent describes the shop.stock.v1.StockUnavailable event:
 // where it is published, how it is keyed and how to decode it. It is registered
 // with the events runtime at init.
-//
-// StockUnavailable replies that the units could not be reserved.
 var StockUnavailableEvent = &events.Descriptor{
 	Type:       StockUnavailableEventType,
 	Topic:      StockUnavailableTopic,
@@ -262,7 +258,8 @@ var StockUnavailableEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the order_id field as
 // UTF-8 bytes. Events with equal keys go to the same partition, so they keep
-// their order. An unset field yields the key of its zero value.
+// their order. An unset or empty field yields an empty key, which publishing
+// refuses (outbox.ErrEmptyKey).
 func (x *StockUnavailable) EventKey() []byte {
 	return []byte(x.GetOrderId())
 }
@@ -347,10 +344,6 @@ const (
 // ReleaseStockEvent describes the shop.stock.v1.ReleaseStock event: where it is
 // published, how it is keyed and how to decode it. It is registered with the
 // events runtime at init.
-//
-// ReleaseStock asks the stock service to undo an order's reservation; it is
-// a no-op for an order with none, and makes a later ReserveStock for the
-// order fail.
 var ReleaseStockEvent = &events.Descriptor{
 	Type:       ReleaseStockEventType,
 	Topic:      ReleaseStockTopic,
@@ -367,7 +360,8 @@ var ReleaseStockEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the order_id field as
 // UTF-8 bytes. Events with equal keys go to the same partition, so they keep
-// their order. An unset field yields the key of its zero value.
+// their order. An unset or empty field yields an empty key, which publishing
+// refuses (outbox.ErrEmptyKey).
 func (x *ReleaseStock) EventKey() []byte {
 	return []byte(x.GetOrderId())
 }
@@ -450,8 +444,6 @@ const (
 // StockReleasedEvent describes the shop.stock.v1.StockReleased event: where it
 // is published, how it is keyed and how to decode it. It is registered with the
 // events runtime at init.
-//
-// StockReleased replies that the order holds no reservation any more.
 var StockReleasedEvent = &events.Descriptor{
 	Type:       StockReleasedEventType,
 	Topic:      StockReleasedTopic,
@@ -468,7 +460,8 @@ var StockReleasedEvent = &events.Descriptor{
 
 // EventKey returns the canonical Kafka key of the event: the order_id field as
 // UTF-8 bytes. Events with equal keys go to the same partition, so they keep
-// their order. An unset field yields the key of its zero value.
+// their order. An unset or empty field yields an empty key, which publishing
+// refuses (outbox.ErrEmptyKey).
 func (x *StockReleased) EventKey() []byte {
 	return []byte(x.GetOrderId())
 }
