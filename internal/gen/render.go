@@ -329,6 +329,25 @@ func renderConsumer(f *jen.File, ev *event) {
 			jen.Id("opts").Op("..."),
 		)),
 	)
+
+	f.Add(doc(
+		fmt.Sprintf("%s registers h on the service consumer s as the handler of", n.Handle),
+		fmt.Sprintf("%s events from topic %s: each event is handed to h", full, ev.opts.GetTopic()),
+		"exactly once per consumer name, inside the dedup transaction, and after the",
+		"service's retries it goes to "+ev.dlqTopic+". Call it before s.Run.",
+	))
+	f.Func().Id(n.Handle).Params(
+		jen.Id("s").Op("*").Qual(consumerPkg, "Service"),
+		jen.Id("h").Id(n.Handler),
+		jen.Id("opts").Op("...").Qual(consumerPkg, "HandlerOption"),
+	).Error().Block(
+		jen.If(jen.Id("h").Op("==").Nil()).Block(
+			jen.Return(jen.Qual("errors", "New").Call(jen.Lit(string(full)+": handle: nil handler"))),
+		),
+		jen.Return(jen.Qual(consumerPkg, "Handle").Types(msgPtr(m)).Call(
+			jen.Id("s"), jen.Id(n.Descriptor), jen.Id("h"), jen.Id("opts").Op("..."),
+		)),
+	)
 }
 
 func renderRegistry(f *jen.File, mf *file) {

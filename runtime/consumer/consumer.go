@@ -106,13 +106,13 @@ func (b boundHandler[T]) Handle(ctx context.Context, tx pgx.Tx, meta events.Meta
 	return b.fn(ctx, tx, meta, t)
 }
 
-// Consumer consumes one event type from its topic. Build it with New and
-// call Run once.
+// Consumer is the engine behind Service and New: one consumer group, one
+// dedup name, and one handler per consumed topic. New builds one with a
+// single handler; NewService builds one to which Handle adds handlers.
 type Consumer struct {
 	cfg     Config
-	h       Handler
-	d       *events.Descriptor
-	dlq     string
+	routes  map[string]*route // by topic
+	topics  []string          // registration order
 	s       settings
 	sql     *sqlSet
 	log     *slog.Logger
@@ -120,12 +120,36 @@ type Consumer struct {
 	writer  *kafka.Writer
 	running atomic.Bool
 	aborted atomic.Bool
+	ready   chan struct{}
+	readyOn sync.Once
+	watch   *assignWatch
 }
 
-// New returns a Consumer that feeds the events of h's type to h. It checks
-// the configuration but does not connect; Run does.
+// route is the handling of one topic: its event type, handler and DLQ.
+type route struct {
+	d           *events.Descriptor
+	dlq         string
+	fn          HandlerFunc // the handler wrapped in the service's middleware
+	maxAttempts int
+}
+
+// New returns a Consumer that feeds the events of h's type to h: a service
+// consumer with a single handler. It checks the configuration but does not
+// connect; Run does.
 func New(cfg Config, h Handler, opts ...Option) (*Consumer, error) {
-	c := &Consumer{cfg: cfg, h: h, s: defaultSettings()}
+	c, err := newConsumer(cfg, opts)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.register(h, nil); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// newConsumer checks cfg and opts and returns a consumer without handlers.
+func newConsumer(cfg Config, opts []Option) (*Consumer, error) {
+	c := &Consumer{cfg: cfg, s: defaultSettings(), routes: map[string]*route{}, ready: make(chan struct{})}
 	for _, o := range opts {
 		if o != nil {
 			o(c)
@@ -141,23 +165,6 @@ func New(cfg Config, h Handler, opts ...Option) (*Consumer, error) {
 	}
 	if cfg.DB == nil {
 		bad("config: DB is nil")
-	}
-	if h == nil || h.Descriptor() == nil {
-		bad("handler or its descriptor is nil")
-	} else {
-		c.d = h.Descriptor()
-		switch {
-		case c.d.Type == "" || c.d.Topic == "":
-			bad("descriptor: Type and Topic are required")
-		case c.d.New == nil:
-			bad("descriptor of %s: New is nil", c.d.Type)
-		case c.d.Version < 1:
-			bad("descriptor of %s: Version %d < 1", c.d.Type, c.d.Version)
-		}
-		c.dlq = c.d.DLQTopic
-		if c.dlq == "" {
-			c.dlq = c.d.Topic + ".dlq"
-		}
 	}
 	if c.s.pruneEvery > 0 && c.s.pruneOlderThan < c.s.retentionFloor {
 		bad("pruning: retention %v is below the floor %v", c.s.pruneOlderThan, c.s.retentionFloor)
@@ -175,22 +182,86 @@ func New(cfg Config, h Handler, opts ...Option) (*Consumer, error) {
 	if c.s.concurrency > 0 {
 		c.sem = make(chan struct{}, c.s.concurrency)
 	}
-	c.log = c.s.logger.With("consumer", c.cfg.Name, "topic", c.d.Topic)
+	c.log = c.s.logger.With("consumer", c.cfg.Name)
 	return c, nil
 }
 
+// register adds h as the handler of its descriptor's topic.
+func (c *Consumer) register(h Handler, opts []HandlerOption) error {
+	if c.running.Load() {
+		return errors.New("consumer: handler registered after Run")
+	}
+	if h == nil || h.Descriptor() == nil {
+		return errors.New("consumer: handler or its descriptor is nil")
+	}
+	d := h.Descriptor()
+	switch {
+	case d.Type == "" || d.Topic == "":
+		return errors.New("consumer: descriptor: Type and Topic are required")
+	case d.New == nil:
+		return fmt.Errorf("consumer: descriptor of %s: New is nil", d.Type)
+	case d.Version < 1:
+		return fmt.Errorf("consumer: descriptor of %s: Version %d < 1", d.Type, d.Version)
+	}
+	if old, ok := c.routes[d.Topic]; ok {
+		return fmt.Errorf("consumer: %s: topic %s already has a handler (for %s): one handler per event type and topic", c.cfg.Name, d.Topic, old.d.Type)
+	}
+	r := &route{d: d, dlq: d.DLQTopic, maxAttempts: c.s.maxAttempts}
+	if r.dlq == "" {
+		r.dlq = d.Topic + ".dlq"
+	}
+	for _, o := range opts {
+		if o == nil {
+			continue
+		}
+		if err := o(r); err != nil {
+			return fmt.Errorf("consumer: handler of %s: %w", d.Type, err)
+		}
+	}
+	fn := HandlerFunc(h.Handle)
+	for i := len(c.s.middleware) - 1; i >= 0; i-- {
+		fn = c.s.middleware[i](fn)
+	}
+	r.fn = fn
+	c.routes[d.Topic] = r
+	c.topics = append(c.topics, d.Topic)
+	return nil
+}
+
 // DLQTopic returns the topic the consumer dead-letters messages to: the
-// descriptor's DLQTopic, or "<topic>.dlq".
-func (c *Consumer) DLQTopic() string { return c.dlq }
+// descriptor's DLQTopic, or "<topic>.dlq". With several handlers it is the
+// first handler's; see Service.DLQTopic.
+func (c *Consumer) DLQTopic() string {
+	if len(c.topics) == 0 {
+		return ""
+	}
+	return c.routes[c.topics[0]].dlq
+}
+
+// Ready returns a channel closed once Run has joined the consumer group
+// and started consuming its assigned partitions (possibly none, when the
+// group has more members than partitions): for tests and health checks.
+func (c *Consumer) Ready() <-chan struct{} { return c.ready }
 
 // Run joins the consumer group and consumes until ctx is cancelled, then
-// commits the offsets of the messages already handled, leaves the group and
-// returns nil. A message being handled when ctx is cancelled is rolled back
-// and redelivered later; cancellation never counts as a failure. Run may be
-// called once.
+// lets in-flight messages finish for up to the drain timeout
+// (WithDrainTimeout), commits the offsets of the messages handled, leaves
+// the group and returns nil. A message still being handled when the drain
+// timeout ends is abandoned: its transaction rolls back and it is
+// redelivered later; cancellation never counts as a failure.
+//
+// Before joining, Run checks that every consumed topic and its DLQ exist;
+// if not it returns a *MissingTopicsError, or with WithWaitForTopics logs a
+// warning and waits for them. Run may be called once.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.running.CompareAndSwap(false, true) {
 		return errors.New("consumer: Run called twice")
+	}
+	if len(c.topics) == 0 {
+		return fmt.Errorf("consumer: %s: no handlers: register one with Handle before Run", c.cfg.Name)
+	}
+	if err := c.awaitTopics(ctx); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -211,8 +282,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	transport := transportFor(c.s.dialer)
 	defer transport.CloseIdleConnections()
 	c.writer = &kafka.Writer{
+		// No Topic: each dead-lettered message names its DLQ topic.
 		Addr:         kafka.TCP(c.cfg.Brokers...),
-		Topic:        c.dlq,
 		Balancer:     &kafka.Hash{},
 		RequiredAcks: kafka.RequireAll,
 		BatchTimeout: 5 * time.Millisecond,
@@ -233,24 +304,30 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.s.pruneEvery > 0 {
 		bg.Go(func() { c.pruneLoop(ctx) })
 	}
+	c.watch = newAssignWatch(c.topics)
+	if c.s.unassignedWarn > 0 {
+		bg.Go(func() { c.watchAssignments(ctx) })
+	}
 
 	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
-		ID:                c.cfg.GroupID,
-		Brokers:           c.cfg.Brokers,
-		Topics:            []string{c.d.Topic},
-		Dialer:            c.s.dialer,
-		HeartbeatInterval: c.s.heartbeat,
-		SessionTimeout:    c.s.session,
-		RebalanceTimeout:  c.s.rebalance,
-		JoinGroupBackoff:  c.s.joinBackoff,
-		StartOffset:       c.s.startOffset,
-		ErrorLogger:       kafka.LoggerFunc(func(msg string, args ...any) { c.log.Debug(fmt.Sprintf(msg, args...)) }),
+		ID:                     c.cfg.GroupID,
+		Brokers:                c.cfg.Brokers,
+		Topics:                 c.topics,
+		Dialer:                 c.s.dialer,
+		HeartbeatInterval:      c.s.heartbeat,
+		SessionTimeout:         c.s.session,
+		RebalanceTimeout:       c.s.rebalance,
+		JoinGroupBackoff:       c.s.joinBackoff,
+		StartOffset:            c.s.startOffset,
+		WatchPartitionChanges:  true,
+		PartitionWatchInterval: c.s.partitionWatch,
+		ErrorLogger:            kafka.LoggerFunc(func(msg string, args ...any) { c.log.Debug(fmt.Sprintf(msg, args...)) }),
 	})
 	if err != nil {
 		cancel(nil)
 		return fmt.Errorf("consumer: %s: consumer group: %w", c.cfg.Name, err)
 	}
-	c.log.Info("consumer: started", "group", c.cfg.GroupID, "dlq", c.dlq)
+	c.log.Info("consumer: started", "group", c.cfg.GroupID, "topics", c.topics)
 	for {
 		gen, err := cg.Next(ctx)
 		if err != nil {
@@ -262,15 +339,22 @@ func (c *Consumer) Run(ctx context.Context) error {
 			continue
 		}
 		c.log.Debug("consumer: new generation", "generation", gen.ID, "assignments", gen.Assignments)
+		c.watch.assigned(gen.Assignments)
+		var started sync.WaitGroup
 		for topic, parts := range gen.Assignments {
 			for _, a := range parts {
+				started.Add(1)
 				gen.Start(func(gctx context.Context) {
-					if err := c.runPartition(ctx, gctx, gen, topic, a); err != nil {
+					if err := c.runPartition(ctx, gctx, gen, topic, a, started.Done); err != nil {
 						abort(err)
 					}
 				})
 			}
 		}
+		go func() {
+			started.Wait()
+			c.readyOn.Do(func() { close(c.ready) })
+		}()
 	}
 	// Close ends the current generation, waits for its partition
 	// goroutines (which commit what they handled) and leaves the group.

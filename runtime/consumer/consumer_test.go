@@ -411,15 +411,21 @@ func TestCancelIsNotAFailure(t *testing.T) {
 func TestDLQPublishFailureHoldsOffset(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
-	b.d.DLQTopic = b.topic + ".dlq-late" // not created by setup
-	b.produce(t, kafka.Message{Value: []byte("{garbage")}, message(t, b.event(t, "a", 1), nil))
 	var dead counter
-	r := start(t, b.newConsumer(t, "late", b.handler("late", nil), WithCommitInterval(0), WithHooks(Hooks{
+	c := b.newConsumer(t, "late", b.handler("late", nil), WithCommitInterval(0), WithHooks(Hooks{
 		DeadLettered: func(DeadLetter) { dead.inc() },
-	})))
-	time.Sleep(time.Second)
+	}))
+	r := start(t, c)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	<-c.Ready()
+	// Run refuses to start without the DLQ: delete it under the running
+	// consumer.
+	if _, err := b.kafka.Client().DeleteTopics(ctx, &kafka.DeleteTopicsRequest{Topics: []string{b.d.DLQTopic}}); err != nil {
+		t.Fatal(err)
+	}
+	b.produce(t, kafka.Message{Value: []byte("{garbage")}, message(t, b.event(t, "a", 1), nil))
+	time.Sleep(time.Second)
 	committed := func() int64 {
 		resp, err := b.kafka.Client().OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: "late", Topics: map[string][]int{b.topic: {0}}})
 		if err != nil {

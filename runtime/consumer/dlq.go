@@ -56,7 +56,9 @@ const (
 // the DeadLettered hook.
 func (p *partition) deadLetter(ctx context.Context, m kafka.Message, env *envelope.Envelope, d events.Delivery, cause error, first, last time.Time) error {
 	c := p.c
+	dlq := p.r.dlq
 	msg := kafka.Message{
+		Topic: dlq,
 		Key:   m.Key,
 		Value: m.Value,
 		Headers: append(originalHeaders(m.Headers),
@@ -79,7 +81,7 @@ func (p *partition) deadLetter(ctx context.Context, m kafka.Message, env *envelo
 			// The DLQ topic refuses the message (the dlq_* headers made it
 			// larger, or the topic's limit is lower than the original's):
 			// dead-letter its headers and key, and point at the original.
-			p.log.Error("consumer: message too large for the DLQ, dead-lettering it without its value", "dlq", c.dlq, "offset", m.Offset, "bytes", len(m.Value))
+			p.log.Error("consumer: message too large for the DLQ, dead-lettering it without its value", "dlq", dlq, "offset", m.Offset, "bytes", len(m.Value))
 			msg.Headers = append(msg.Headers, kafka.Header{Key: HeaderDLQValueDropped, Value: []byte(strconv.Itoa(len(m.Value)))})
 			msg.Value = nil
 			continue
@@ -87,9 +89,12 @@ func (p *partition) deadLetter(ctx context.Context, m kafka.Message, env *envelo
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
+		if p.soft.Err() != nil {
+			return p.soft.Err() // shutting down: redelivered later
+		}
 		wait := c.backoff(try)
-		p.log.Error("consumer: publish to DLQ failed, retrying; the offset stays uncommitted", "dlq", c.dlq, "offset", m.Offset, "err", err, "backoff", wait)
-		if err := sleep(ctx, wait); err != nil {
+		p.log.Error("consumer: publish to DLQ failed, retrying; the offset stays uncommitted", "dlq", dlq, "offset", m.Offset, "err", err, "backoff", wait)
+		if err := sleep(p.soft, wait); err != nil {
 			return err
 		}
 	}
@@ -99,11 +104,11 @@ func (p *partition) deadLetter(ctx context.Context, m kafka.Message, env *envelo
 	if err := p.flush(); err != nil {
 		return err
 	}
-	dl := DeadLetter{Consumer: c.cfg.Name, Original: d, Err: cause, FirstFailure: first, LastFailure: last, DLQTopic: c.dlq}
+	dl := DeadLetter{Consumer: c.cfg.Name, Original: d, Err: cause, FirstFailure: first, LastFailure: last, DLQTopic: dlq}
 	if env != nil {
 		dl.EventID, dl.EventType = env.EventID.String(), env.Type
 	}
-	p.log.Warn("consumer: message dead-lettered", "offset", m.Offset, "event_id", dl.EventID, "attempts", d.Attempt, "dlq", c.dlq, "err", cause)
+	p.log.Warn("consumer: message dead-lettered", "offset", m.Offset, "event_id", dl.EventID, "attempts", d.Attempt, "dlq", dlq, "err", cause)
 	if c.s.hooks.DeadLettered != nil {
 		c.s.hooks.DeadLettered(dl)
 	}

@@ -57,6 +57,8 @@ type settings struct {
 	noDedup       bool                      // benchmark baseline: run the handler without the dedup insert
 	lostCommitAck func() error              // a non-nil error replaces a successful commit's result, as a connection lost in COMMIT would
 
+	svcSettings // the service consumer's settings, at the end of this file
+
 	errs []error
 }
 
@@ -76,6 +78,7 @@ func defaultSettings() settings {
 		maxWait:        250 * time.Millisecond,
 		dialer:         kafka.DefaultDialer,
 		tracer:         otel.GetTracerProvider().Tracer(tracerName),
+		svcSettings:    defaultSvcSettings(),
 	}
 }
 
@@ -324,4 +327,131 @@ func withLostCommitAck(fn func() error) Option {
 // withoutDedup skips the dedup insert: the benchmark's baseline.
 func withoutDedup() Option {
 	return func(c *Consumer) { c.s.noDedup = true }
+}
+
+// Defaults of the service consumer's settings.
+const (
+	// DefaultDrainTimeout is how long in-flight messages may still finish
+	// after Run's context ends.
+	DefaultDrainTimeout = 10 * time.Second
+	// DefaultWarnInterval is how often Run repeats a warning about missing
+	// or unassigned topics.
+	DefaultWarnInterval = 30 * time.Second
+	// DefaultMaxBatch is how many consecutive messages of a partition are
+	// applied in one database transaction; see WithMaxBatch and
+	// docs/design.md for the measurement behind it.
+	DefaultMaxBatch = 64
+)
+
+// svcSettings are the settings added with the service consumer.
+type svcSettings struct {
+	middleware     []Middleware
+	topicWait      time.Duration // 0: a missing topic fails Run; else the warning interval while waiting
+	topicPoll      time.Duration // how often a waiting Run checks the topics again
+	unassignedWarn time.Duration // 0: never warn
+	partitionWatch time.Duration
+	drainTimeout   time.Duration
+	handlerGrace   time.Duration // how long a handler may run past its context's end before it is abandoned
+	maxBatch       int
+}
+
+func defaultSvcSettings() svcSettings {
+	return svcSettings{
+		topicPoll:      time.Second,
+		unassignedWarn: DefaultWarnInterval,
+		partitionWatch: 5 * time.Second,
+		drainTimeout:   DefaultDrainTimeout,
+		handlerGrace:   time.Second,
+		maxBatch:       DefaultMaxBatch,
+	}
+}
+
+// WithMiddleware wraps every handler of the consumer in mw, the first
+// outermost: WithMiddleware(a, b) runs a, which calls b, which calls the
+// handler. Middleware runs inside the handler's span and transaction, and
+// its error is the attempt's result. Several WithMiddleware options add up.
+func WithMiddleware(mw ...Middleware) Option {
+	return func(c *Consumer) {
+		for _, m := range mw {
+			if m == nil {
+				c.s.fail("WithMiddleware: nil middleware")
+				return
+			}
+		}
+		c.s.middleware = append(c.s.middleware, mw...)
+	}
+}
+
+// WithWaitForTopics makes Run wait for missing topics (consumed topics and
+// their DLQs) instead of returning a *MissingTopicsError: it logs a warning
+// naming them every warn interval (WithWarnInterval) and starts consuming
+// once they all exist.
+func WithWaitForTopics() Option {
+	return func(c *Consumer) {
+		c.s.topicWait = c.s.unassignedWarn
+		if c.s.topicWait <= 0 {
+			c.s.topicWait = DefaultWarnInterval
+		}
+	}
+}
+
+// WithWarnInterval sets how often Run repeats its warnings about topics it
+// waits for (WithWaitForTopics) and about consumed topics of which this
+// member has held no partition for that long; default 30s, 0 turns the
+// unassigned-topic warning off.
+func WithWarnInterval(d time.Duration) Option {
+	return func(c *Consumer) {
+		if d < 0 {
+			c.s.fail("WithWarnInterval: negative interval %s", d)
+			return
+		}
+		c.s.unassignedWarn = d
+		if c.s.topicWait > 0 && d > 0 {
+			c.s.topicWait = d
+		}
+	}
+}
+
+// WithDrainTimeout sets how long messages being handled when Run's context
+// ends may still finish (and commit) before they are abandoned: rolled back
+// and left for redelivery; default DefaultDrainTimeout. 0 abandons them at
+// once. A handler that ignores its context is abandoned too (see
+// WithAttemptTimeout), so Run always returns.
+func WithDrainTimeout(d time.Duration) Option {
+	return func(c *Consumer) {
+		if d < 0 {
+			c.s.fail("WithDrainTimeout: negative timeout %s", d)
+			return
+		}
+		c.s.drainTimeout = d
+	}
+}
+
+// WithMaxBatch sets how many consecutive, already fetched messages of one
+// partition are applied in one database transaction, each handler call in
+// its own savepoint; default DefaultMaxBatch. 1 gives one transaction per
+// message.
+func WithMaxBatch(n int) Option {
+	return func(c *Consumer) {
+		if n < 1 {
+			c.s.fail("WithMaxBatch: %d < 1", n)
+			return
+		}
+		c.s.maxBatch = n
+	}
+}
+
+// withTopicPoll sets how often a waiting Run looks for the topics (tests).
+func withTopicPoll(d time.Duration) Option {
+	return func(c *Consumer) { c.s.topicPoll = d }
+}
+
+// withPartitionWatch sets how often the group looks for new partitions (tests).
+func withPartitionWatch(d time.Duration) Option {
+	return func(c *Consumer) { c.s.partitionWatch = d }
+}
+
+// withHandlerGrace sets how long a handler may overrun its context (tests).
+func withHandlerGrace(d time.Duration) Option {
+	return func(c *Consumer) { c.s.handlerGrace = d }
 }

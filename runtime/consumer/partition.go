@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"runtime/debug"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -25,6 +26,8 @@ import (
 // Only its goroutine touches it.
 type partition struct {
 	c         *Consumer
+	r         *route
+	soft      context.Context // ends when the partition must stop taking new messages
 	gen       *kafka.Generation
 	topic     string
 	id        int
@@ -49,28 +52,40 @@ type infraError struct{ err error }
 func (e *infraError) Error() string { return e.err.Error() }
 func (e *infraError) Unwrap() error { return e.err }
 
-// runPartition consumes one partition until the generation ends. Its
-// context carries the values of Run's context but only the generation's
-// cancellation: Run ends the generation by closing the group, so partitions
-// never end (and so restart) a generation on their own during shutdown. It
-// returns an error only when the consumer must stop.
-func (c *Consumer) runPartition(runCtx, gctx context.Context, gen *kafka.Generation, topic string, a kafka.PartitionAssignment) error {
+// runPartition consumes one partition until the generation ends. It has
+// two contexts, both carrying the values of Run's context: soft ends when
+// Run's context or the generation ends, and stops fetching, retrying and
+// backing off; ctx (hard) ends the drain timeout later and abandons the
+// message in flight. Run ends the generation by closing the group, so
+// partitions never end (and so restart) a generation on their own during
+// shutdown. started is called once the partition is consuming (or gave
+// up). It returns an error only when the consumer must stop.
+func (c *Consumer) runPartition(runCtx, gctx context.Context, gen *kafka.Generation, topic string, a kafka.PartitionAssignment, started func()) error {
+	started = sync.OnceFunc(started)
+	defer started()
+	soft, cancelSoft := context.WithCancel(context.WithoutCancel(runCtx))
+	defer cancelSoft()
 	ctx, cancel := context.WithCancel(context.WithoutCancel(runCtx))
 	defer cancel()
-	stop := context.AfterFunc(gctx, cancel)
+	stop := context.AfterFunc(gctx, cancelSoft)
 	defer stop()
-	// An abort is a simulated crash: like a dying process, every partition
-	// stops at once, without finishing retries or dead-lettering.
-	stopOnAbort := context.AfterFunc(runCtx, func() {
-		if c.aborted.Load() {
+	stopRun := context.AfterFunc(runCtx, cancelSoft)
+	defer stopRun()
+	stopSoft := context.AfterFunc(soft, func() {
+		// An abort is a simulated crash: like a dying process, every
+		// partition stops at once, without finishing anything.
+		if c.aborted.Load() || c.s.drainTimeout <= 0 {
 			cancel()
+			return
 		}
+		t := time.AfterFunc(c.s.drainTimeout, cancel)
+		context.AfterFunc(ctx, func() { t.Stop() })
 	})
-	defer stopOnAbort()
+	defer stopSoft()
 
 	p := &partition{
-		c: c, gen: gen, topic: topic, id: a.ID,
-		log:     c.log.With("partition", a.ID),
+		c: c, r: c.routes[topic], soft: soft, gen: gen, topic: topic, id: a.ID,
+		log:     c.log.With("topic", topic, "partition", a.ID),
 		pending: -1, committed: -1, lastFlush: time.Now(),
 	}
 	r := kafka.NewReader(kafka.ReaderConfig{
@@ -93,8 +108,9 @@ func (c *Consumer) runPartition(runCtx, gctx context.Context, gen *kafka.Generat
 		return nil
 	}
 	p.log.Debug("consumer: partition assigned", "offset", a.Offset, "generation", gen.ID)
+	started()
 	for {
-		m, err := p.next(ctx, r)
+		m, err := p.next(soft, r)
 		if err == nil {
 			err = p.settle(ctx, m)
 		}
@@ -103,7 +119,7 @@ func (c *Consumer) runPartition(runCtx, gctx context.Context, gen *kafka.Generat
 			if errors.As(err, &ab) {
 				return ab.err
 			}
-			if ctx.Err() == nil {
+			if soft.Err() == nil {
 				// Fetch or offset-commit failure: end the generation; the
 				// group rejoins and the dedup table absorbs redeliveries.
 				p.log.Warn("consumer: partition stopped", "err", err)
@@ -195,7 +211,7 @@ func (p *partition) settle(ctx context.Context, m kafka.Message) error {
 	}
 	env, err := envelope.Decode(m)
 	if err == nil {
-		err = c.check(env)
+		err = p.r.check(env)
 	}
 	if err != nil {
 		now := time.Now()
@@ -207,7 +223,7 @@ func (p *partition) settle(ctx context.Context, m kafka.Message) error {
 	for attempt := 1; ; {
 		d.Attempt = attempt
 		start := time.Now()
-		dup, err := c.attempt(ctx, env, d)
+		dup, err := p.attempt(ctx, env, d)
 		if err == nil {
 			if c.s.afterDBCommit != nil {
 				if herr := c.s.afterDBCommit(m); herr != nil {
@@ -229,22 +245,33 @@ func (p *partition) settle(ctx context.Context, m kafka.Message) error {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
-		var ie *infraError
-		if errors.As(err, &ie) {
+		if p.soft.Err() != nil {
+			// Shutting down or rebalancing: no retries; the message is
+			// redelivered, and this failure does not count.
+			return p.soft.Err()
+		}
+		if isInfra(err) {
 			infra++
 			wait := c.backoff(infra)
-			p.log.Warn("consumer: database step failed, retrying", "offset", m.Offset, "event_id", env.EventID, "err", err, "backoff", wait)
-			if err := sleep(ctx, wait); err != nil {
+			level := slog.LevelWarn
+			if infra > 5 {
+				level = slog.LevelError
+			}
+			p.log.Log(ctx, level, "consumer: transient database failure, retrying without counting an attempt", "offset", m.Offset, "event_id", env.EventID, "failures", infra, "err", err, "backoff", wait)
+			if err := sleep(p.soft, wait); err != nil {
 				return err
 			}
 			continue
 		}
-		infra = 0
+		if infra > 0 {
+			p.log.Info("consumer: database reachable again", "offset", m.Offset, "transient_failures", infra)
+			infra = 0
+		}
 		last = time.Now()
 		if first.IsZero() {
 			first = last
 		}
-		if IsPermanent(err) || attempt >= c.s.maxAttempts {
+		if IsPermanent(err) || attempt >= p.r.maxAttempts {
 			return p.deadLetter(ctx, m, env, d, err, first, last)
 		}
 		wait := c.backoff(attempt)
@@ -252,7 +279,7 @@ func (p *partition) settle(ctx context.Context, m kafka.Message) error {
 		if c.s.hooks.Retry != nil {
 			c.s.hooks.Retry(d, err, wait)
 		}
-		if err := sleep(ctx, wait); err != nil {
+		if err := sleep(p.soft, wait); err != nil {
 			return err
 		}
 		attempt++
@@ -261,20 +288,21 @@ func (p *partition) settle(ctx context.Context, m kafka.Message) error {
 
 // check refuses envelopes the handler cannot read: another event type, or
 // a schema version newer than the one the consumer was generated from.
-func (c *Consumer) check(env *envelope.Envelope) error {
-	if env.Type != c.d.Type {
-		return fmt.Errorf("consumer: event type %q on topic %s, but the consumer handles %q", env.Type, c.d.Topic, c.d.Type)
+func (r *route) check(env *envelope.Envelope) error {
+	if env.Type != r.d.Type {
+		return fmt.Errorf("consumer: event type %q on topic %s, but the consumer handles %q", env.Type, r.d.Topic, r.d.Type)
 	}
-	if env.SchemaVersion > c.d.Version {
-		return fmt.Errorf("consumer: %s schema_version %d is newer than the consumer's %d: regenerate and redeploy the consumer, then redrive", env.Type, env.SchemaVersion, c.d.Version)
+	if env.SchemaVersion > r.d.Version {
+		return fmt.Errorf("consumer: %s schema_version %d is newer than the consumer's %d: regenerate and redeploy the consumer, then redrive", env.Type, env.SchemaVersion, r.d.Version)
 	}
 	return nil
 }
 
 // attempt runs one try of a message: dedup insert, handler and commit in
 // one transaction. dup reports an event already applied.
-func (c *Consumer) attempt(ctx context.Context, env *envelope.Envelope, d events.Delivery) (dup bool, err error) {
-	ev := c.d.New()
+func (p *partition) attempt(ctx context.Context, env *envelope.Envelope, d events.Delivery) (dup bool, err error) {
+	c := p.c
+	ev := p.r.d.New()
 	if err := env.UnmarshalPayload(ev); err != nil {
 		return false, Permanent(err)
 	}
@@ -302,7 +330,11 @@ func (c *Consumer) attempt(ctx context.Context, env *envelope.Envelope, d events
 	if err != nil {
 		return false, &infraError{timedOut(fmt.Errorf("consumer: begin: %w", err))}
 	}
+	abandoned := false
 	defer func() {
+		if abandoned {
+			return // the handler's goroutine owns tx now
+		}
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		_ = tx.Rollback(rctx) // a no-op after Commit
@@ -317,7 +349,14 @@ func (c *Consumer) attempt(ctx context.Context, env *envelope.Envelope, d events
 		}
 	}
 	meta := events.Meta{Metadata: env.Metadata, Delivery: d}
-	if err := c.traceHandler(actx, tx, meta, ev); err != nil {
+	err, abandoned = p.guardedHandler(actx, tx, meta, ev)
+	if abandoned {
+		if ctx.Err() != nil {
+			return false, ctx.Err()
+		}
+		return false, timedOut(errors.New("consumer: handler did not return after its context ended; abandoned"))
+	}
+	if err != nil {
 		return false, timedOut(err)
 	}
 	err = tx.Commit(actx)
@@ -336,6 +375,62 @@ func (c *Consumer) attempt(ctx context.Context, env *envelope.Envelope, d events
 	return false, nil
 }
 
+// guardedHandler runs the handler in its own goroutine, so that a handler
+// ignoring its context cannot hold the partition (and Run) forever: once
+// ctx ends and the handler has not returned within the grace period, it is
+// reported at ERROR and abandoned. Its connection is closed, so the server
+// rolls its transaction back; the goroutine releases tx whenever the
+// handler returns. abandoned reports that case; tx must then not be used.
+func (p *partition) guardedHandler(ctx context.Context, tx pgx.Tx, meta events.Meta, ev events.Event) (err error, abandoned bool) {
+	var (
+		mu       sync.Mutex
+		finished bool
+		gaveUp   bool
+		done     = make(chan error, 1)
+	)
+	go func() {
+		err := p.c.traceHandler(ctx, tx, meta, ev, p.r)
+		mu.Lock()
+		finished = true
+		owner := gaveUp
+		mu.Unlock()
+		if owner {
+			rctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = tx.Rollback(rctx)
+			return
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		return err, false
+	case <-ctx.Done():
+	}
+	grace := time.NewTimer(p.c.s.handlerGrace)
+	defer grace.Stop()
+	select {
+	case err := <-done:
+		return err, false
+	case <-grace.C:
+	}
+	mu.Lock()
+	if finished {
+		mu.Unlock()
+		return <-done, false
+	}
+	gaveUp = true
+	mu.Unlock()
+	p.log.Error("consumer: handler ignored its context and is still running; abandoning it and closing its database connection (its transaction rolls back)",
+		"event_id", meta.EventID, "event_type", meta.Type, "offset", meta.Offset, "attempt", meta.Attempt, "cause", context.Cause(ctx))
+	// Closing the socket is safe while the handler's goroutine uses the
+	// connection: its next call fails and the pool discards the connection.
+	if pc := tx.Conn().PgConn(); pc != nil {
+		_ = pc.Conn().Close()
+	}
+	return nil, true
+}
+
 // applied reports whether the dedup table records the event as applied by
 // this consumer.
 func (c *Consumer) applied(ctx context.Context, id events.EventID) (bool, error) {
@@ -347,7 +442,7 @@ func (c *Consumer) applied(ctx context.Context, id events.EventID) (bool, error)
 // traceHandler runs the handler in a consumer span whose parent is the
 // producer's span (the envelope's traceparent), so a trace follows an event
 // from the business transaction that wrote it to every handler.
-func (c *Consumer) traceHandler(ctx context.Context, tx pgx.Tx, meta events.Meta, ev events.Event) error {
+func (c *Consumer) traceHandler(ctx context.Context, tx pgx.Tx, meta events.Meta, ev events.Event, r *route) error {
 	ctx = events.ContextWithTraceParent(ctx, meta.TraceParent)
 	ctx, span := c.s.tracer.Start(ctx, meta.Topic+" process", trace.WithSpanKind(trace.SpanKindConsumer),
 		trace.WithAttributes(
@@ -362,7 +457,7 @@ func (c *Consumer) traceHandler(ctx context.Context, tx pgx.Tx, meta events.Meta
 			attribute.Int("protoevents.attempt", meta.Attempt),
 		))
 	defer span.End()
-	err := c.callHandler(ctx, tx, meta, ev)
+	err := c.callHandler(ctx, tx, meta, ev, r)
 	if err != nil {
 		span.RecordError(err)
 		span.SetStatus(codes.Error, err.Error())
@@ -370,14 +465,15 @@ func (c *Consumer) traceHandler(ctx context.Context, tx pgx.Tx, meta events.Meta
 	return err
 }
 
-// callHandler runs the handler, turning a panic into a *PanicError.
-func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, meta events.Meta, ev events.Event) (err error) {
+// callHandler runs the handler with its middleware, turning a panic into a
+// *PanicError.
+func (c *Consumer) callHandler(ctx context.Context, tx pgx.Tx, meta events.Meta, ev events.Event, r *route) (err error) {
 	defer func() {
-		if r := recover(); r != nil {
-			err = &PanicError{Value: r, Stack: []byte(truncate(string(debug.Stack()), c.s.maxErrorBytes))}
+		if rec := recover(); rec != nil {
+			err = &PanicError{Value: rec, Stack: []byte(truncate(string(debug.Stack()), c.s.maxErrorBytes))}
 		}
 	}()
-	return c.h.Handle(ctx, tx, meta, ev)
+	return r.fn(ctx, tx, meta, ev)
 }
 
 // backoff returns the wait after the n-th failure: base·2^(n-1) capped at

@@ -127,6 +127,18 @@ func NewStock_AdjustedConsumer(cfg consumer.Config, h Stock_AdjustedHandler, opt
 	return consumer.New(cfg, consumer.Bind[*Stock_Adjusted](Stock_AdjustedEvent, h), opts...)
 }
 
+// HandleStock_Adjusted registers h on the service consumer s as the handler of
+// inventory.v1.Stock.Adjusted events from topic inventory.stock-adjusted.v1:
+// each event is handed to h exactly once per consumer name, inside the dedup
+// transaction, and after the service's retries it goes to
+// inventory.stock-adjusted.v1.dlq. Call it before s.Run.
+func HandleStock_Adjusted(s *consumer.Service, h Stock_AdjustedHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("inventory.v1.Stock.Adjusted: handle: nil handler")
+	}
+	return consumer.Handle[*Stock_Adjusted](s, Stock_AdjustedEvent, h, opts...)
+}
+
 // Constants of the inventory.v1.ShelfScanned event.
 const (
 	// ShelfScannedTopic is the Kafka topic inventory.v1.ShelfScanned events are
@@ -228,6 +240,18 @@ func NewShelfScannedConsumer(cfg consumer.Config, h ShelfScannedHandler, opts ..
 		return nil, errors.New("inventory.v1.ShelfScanned: new consumer: nil handler")
 	}
 	return consumer.New(cfg, consumer.Bind[*ShelfScanned](ShelfScannedEvent, h), opts...)
+}
+
+// HandleShelfScanned registers h on the service consumer s as the handler of
+// inventory.v1.ShelfScanned events from topic inventory.shelf-scanned.v1: each
+// event is handed to h exactly once per consumer name, inside the dedup
+// transaction, and after the service's retries it goes to
+// inventory.shelf-scanned.v1.dlq. Call it before s.Run.
+func HandleShelfScanned(s *consumer.Service, h ShelfScannedHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("inventory.v1.ShelfScanned: handle: nil handler")
+	}
+	return consumer.Handle[*ShelfScanned](s, ShelfScannedEvent, h, opts...)
 }
 
 // InventoryEvents lists the events declared in inventory/v1/inventory.proto,

@@ -146,6 +146,18 @@ func NewOrderPlacedConsumer(cfg consumer.Config, h OrderPlacedHandler, opts ...c
 	return consumer.New(cfg, consumer.Bind[*OrderPlaced](OrderPlacedEvent, h), opts...)
 }
 
+// HandleOrderPlaced registers h on the service consumer s as the handler of
+// orders.v2.OrderPlaced events from topic orders.order-placed.v2: each event is
+// handed to h exactly once per consumer name, inside the dedup transaction, and
+// after the service's retries it goes to orders.order-placed.v2.dlq. Call it
+// before s.Run.
+func HandleOrderPlaced(s *consumer.Service, h OrderPlacedHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("orders.v2.OrderPlaced: handle: nil handler")
+	}
+	return consumer.Handle[*OrderPlaced](s, OrderPlacedEvent, h, opts...)
+}
+
 // OrdersEvents lists the events declared in orders/v2/orders.proto, for the
 // relay, topic provisioning and the schema compatibility check.
 var OrdersEvents = []*events.Descriptor{OrderPlacedEvent}

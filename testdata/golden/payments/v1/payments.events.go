@@ -128,6 +128,18 @@ func NewPaymentCapturedConsumer(cfg consumer.Config, h PaymentCapturedHandler, o
 	return consumer.New(cfg, consumer.Bind[*PaymentCaptured](PaymentCapturedEvent, h), opts...)
 }
 
+// HandlePaymentCaptured registers h on the service consumer s as the handler of
+// payments.v1.PaymentCaptured events from topic payments.payment-captured.v1:
+// each event is handed to h exactly once per consumer name, inside the dedup
+// transaction, and after the service's retries it goes to
+// payments.payment-captured.v1.dlq. Call it before s.Run.
+func HandlePaymentCaptured(s *consumer.Service, h PaymentCapturedHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("payments.v1.PaymentCaptured: handle: nil handler")
+	}
+	return consumer.Handle[*PaymentCaptured](s, PaymentCapturedEvent, h, opts...)
+}
+
 // Constants of the payments.v1.LedgerEntryPosted event.
 const (
 	// LedgerEntryPostedTopic is the Kafka topic payments.v1.LedgerEntryPosted
@@ -232,6 +244,18 @@ func NewLedgerEntryPostedConsumer(cfg consumer.Config, h LedgerEntryPostedHandle
 	return consumer.New(cfg, consumer.Bind[*LedgerEntryPosted](LedgerEntryPostedEvent, h), opts...)
 }
 
+// HandleLedgerEntryPosted registers h on the service consumer s as the handler
+// of payments.v1.LedgerEntryPosted events from topic
+// payments.ledger-entry-posted.v1: each event is handed to h exactly once per
+// consumer name, inside the dedup transaction, and after the service's retries
+// it goes to payments.ledger-entry-posted.v1.dlq. Call it before s.Run.
+func HandleLedgerEntryPosted(s *consumer.Service, h LedgerEntryPostedHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("payments.v1.LedgerEntryPosted: handle: nil handler")
+	}
+	return consumer.Handle[*LedgerEntryPosted](s, LedgerEntryPostedEvent, h, opts...)
+}
+
 // Constants of the payments.v1.CardFingerprinted event.
 const (
 	// CardFingerprintedTopic is the Kafka topic payments.v1.CardFingerprinted
@@ -333,6 +357,18 @@ func NewCardFingerprintedConsumer(cfg consumer.Config, h CardFingerprintedHandle
 	return consumer.New(cfg, consumer.Bind[*CardFingerprinted](CardFingerprintedEvent, h), opts...)
 }
 
+// HandleCardFingerprinted registers h on the service consumer s as the handler
+// of payments.v1.CardFingerprinted events from topic
+// payments.card-fingerprinted.v1: each event is handed to h exactly once per
+// consumer name, inside the dedup transaction, and after the service's retries
+// it goes to payments.card-fingerprinted.v1.dlq. Call it before s.Run.
+func HandleCardFingerprinted(s *consumer.Service, h CardFingerprintedHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("payments.v1.CardFingerprinted: handle: nil handler")
+	}
+	return consumer.Handle[*CardFingerprinted](s, CardFingerprintedEvent, h, opts...)
+}
+
 // Constants of the payments.v1.RefundRequested event.
 const (
 	// RefundRequestedTopic is the Kafka topic payments.v1.RefundRequested events
@@ -432,6 +468,18 @@ func NewRefundRequestedConsumer(cfg consumer.Config, h RefundRequestedHandler, o
 		return nil, errors.New("payments.v1.RefundRequested: new consumer: nil handler")
 	}
 	return consumer.New(cfg, consumer.Bind[*RefundRequested](RefundRequestedEvent, h), opts...)
+}
+
+// HandleRefundRequested registers h on the service consumer s as the handler of
+// payments.v1.RefundRequested events from topic payments.refund-requested.v1:
+// each event is handed to h exactly once per consumer name, inside the dedup
+// transaction, and after the service's retries it goes to
+// payments.refund-requested.v1.dlq. Call it before s.Run.
+func HandleRefundRequested(s *consumer.Service, h RefundRequestedHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("payments.v1.RefundRequested: handle: nil handler")
+	}
+	return consumer.Handle[*RefundRequested](s, RefundRequestedEvent, h, opts...)
 }
 
 // PaymentsEvents lists the events declared in payments/v1/payments.proto, for

@@ -122,6 +122,18 @@ func NewParcelShippedConsumer(cfg consumer.Config, h ParcelShippedHandler, opts 
 	return consumer.New(cfg, consumer.Bind[*ParcelShipped](ParcelShippedEvent, h), opts...)
 }
 
+// HandleParcelShipped registers h on the service consumer s as the handler of
+// shipping.v1.ParcelShipped events from topic shipping.parcel-shipped.v1: each
+// event is handed to h exactly once per consumer name, inside the dedup
+// transaction, and after the service's retries it goes to
+// shipping.parcel-shipped.v1.dlq. Call it before s.Run.
+func HandleParcelShipped(s *consumer.Service, h ParcelShippedHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("shipping.v1.ParcelShipped: handle: nil handler")
+	}
+	return consumer.Handle[*ParcelShipped](s, ParcelShippedEvent, h, opts...)
+}
+
 // ShippingProtoEvents lists the events declared in shipping/v1/shipping.proto,
 // for the relay, topic provisioning and the schema compatibility check.
 var ShippingProtoEvents = []*events.Descriptor{ParcelShippedEvent}

@@ -122,6 +122,18 @@ func NewOrderPlacedConsumer(cfg consumer.Config, h OrderPlacedHandler, opts ...c
 	return consumer.New(cfg, consumer.Bind[*OrderPlaced](OrderPlacedEvent, h), opts...)
 }
 
+// HandleOrderPlaced registers h on the service consumer s as the handler of
+// shop.orders.v1.OrderPlaced events from topic shop.orders.order-placed.v1:
+// each event is handed to h exactly once per consumer name, inside the dedup
+// transaction, and after the service's retries it goes to
+// shop.orders.order-placed.v1.dlq. Call it before s.Run.
+func HandleOrderPlaced(s *consumer.Service, h OrderPlacedHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("shop.orders.v1.OrderPlaced: handle: nil handler")
+	}
+	return consumer.Handle[*OrderPlaced](s, OrderPlacedEvent, h, opts...)
+}
+
 // Constants of the shop.orders.v1.OrderCancelled event.
 const (
 	// OrderCancelledTopic is the Kafka topic shop.orders.v1.OrderCancelled events
@@ -221,6 +233,18 @@ func NewOrderCancelledConsumer(cfg consumer.Config, h OrderCancelledHandler, opt
 		return nil, errors.New("shop.orders.v1.OrderCancelled: new consumer: nil handler")
 	}
 	return consumer.New(cfg, consumer.Bind[*OrderCancelled](OrderCancelledEvent, h), opts...)
+}
+
+// HandleOrderCancelled registers h on the service consumer s as the handler of
+// shop.orders.v1.OrderCancelled events from topic
+// shop.orders.order-cancelled.v1: each event is handed to h exactly once per
+// consumer name, inside the dedup transaction, and after the service's retries
+// it goes to shop.orders.order-cancelled.v1.dlq. Call it before s.Run.
+func HandleOrderCancelled(s *consumer.Service, h OrderCancelledHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("shop.orders.v1.OrderCancelled: handle: nil handler")
+	}
+	return consumer.Handle[*OrderCancelled](s, OrderCancelledEvent, h, opts...)
 }
 
 // OrdersEvents lists the events declared in shop/orders/v1/orders.proto, for

@@ -122,6 +122,18 @@ func NewChargeCardConsumer(cfg consumer.Config, h ChargeCardHandler, opts ...con
 	return consumer.New(cfg, consumer.Bind[*ChargeCard](ChargeCardEvent, h), opts...)
 }
 
+// HandleChargeCard registers h on the service consumer s as the handler of
+// shop.payments.v1.ChargeCard events from topic shop.payments.charge-card.v1:
+// each event is handed to h exactly once per consumer name, inside the dedup
+// transaction, and after the service's retries it goes to
+// shop.payments.charge-card.v1.dlq. Call it before s.Run.
+func HandleChargeCard(s *consumer.Service, h ChargeCardHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("shop.payments.v1.ChargeCard: handle: nil handler")
+	}
+	return consumer.Handle[*ChargeCard](s, ChargeCardEvent, h, opts...)
+}
+
 // Constants of the shop.payments.v1.CardCharged event.
 const (
 	// CardChargedTopic is the Kafka topic shop.payments.v1.CardCharged events are
@@ -221,6 +233,18 @@ func NewCardChargedConsumer(cfg consumer.Config, h CardChargedHandler, opts ...c
 		return nil, errors.New("shop.payments.v1.CardCharged: new consumer: nil handler")
 	}
 	return consumer.New(cfg, consumer.Bind[*CardCharged](CardChargedEvent, h), opts...)
+}
+
+// HandleCardCharged registers h on the service consumer s as the handler of
+// shop.payments.v1.CardCharged events from topic shop.payments.card-charged.v1:
+// each event is handed to h exactly once per consumer name, inside the dedup
+// transaction, and after the service's retries it goes to
+// shop.payments.card-charged.v1.dlq. Call it before s.Run.
+func HandleCardCharged(s *consumer.Service, h CardChargedHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("shop.payments.v1.CardCharged: handle: nil handler")
+	}
+	return consumer.Handle[*CardCharged](s, CardChargedEvent, h, opts...)
 }
 
 // Constants of the shop.payments.v1.CardDeclined event.
@@ -324,6 +348,18 @@ func NewCardDeclinedConsumer(cfg consumer.Config, h CardDeclinedHandler, opts ..
 	return consumer.New(cfg, consumer.Bind[*CardDeclined](CardDeclinedEvent, h), opts...)
 }
 
+// HandleCardDeclined registers h on the service consumer s as the handler of
+// shop.payments.v1.CardDeclined events from topic
+// shop.payments.card-declined.v1: each event is handed to h exactly once per
+// consumer name, inside the dedup transaction, and after the service's retries
+// it goes to shop.payments.card-declined.v1.dlq. Call it before s.Run.
+func HandleCardDeclined(s *consumer.Service, h CardDeclinedHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("shop.payments.v1.CardDeclined: handle: nil handler")
+	}
+	return consumer.Handle[*CardDeclined](s, CardDeclinedEvent, h, opts...)
+}
+
 // Constants of the shop.payments.v1.RefundCard event.
 const (
 	// RefundCardTopic is the Kafka topic shop.payments.v1.RefundCard events are
@@ -422,6 +458,18 @@ func NewRefundCardConsumer(cfg consumer.Config, h RefundCardHandler, opts ...con
 		return nil, errors.New("shop.payments.v1.RefundCard: new consumer: nil handler")
 	}
 	return consumer.New(cfg, consumer.Bind[*RefundCard](RefundCardEvent, h), opts...)
+}
+
+// HandleRefundCard registers h on the service consumer s as the handler of
+// shop.payments.v1.RefundCard events from topic shop.payments.refund-card.v1:
+// each event is handed to h exactly once per consumer name, inside the dedup
+// transaction, and after the service's retries it goes to
+// shop.payments.refund-card.v1.dlq. Call it before s.Run.
+func HandleRefundCard(s *consumer.Service, h RefundCardHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("shop.payments.v1.RefundCard: handle: nil handler")
+	}
+	return consumer.Handle[*RefundCard](s, RefundCardEvent, h, opts...)
 }
 
 // Constants of the shop.payments.v1.CardRefunded event.
@@ -525,6 +573,18 @@ func NewCardRefundedConsumer(cfg consumer.Config, h CardRefundedHandler, opts ..
 	return consumer.New(cfg, consumer.Bind[*CardRefunded](CardRefundedEvent, h), opts...)
 }
 
+// HandleCardRefunded registers h on the service consumer s as the handler of
+// shop.payments.v1.CardRefunded events from topic
+// shop.payments.card-refunded.v1: each event is handed to h exactly once per
+// consumer name, inside the dedup transaction, and after the service's retries
+// it goes to shop.payments.card-refunded.v1.dlq. Call it before s.Run.
+func HandleCardRefunded(s *consumer.Service, h CardRefundedHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("shop.payments.v1.CardRefunded: handle: nil handler")
+	}
+	return consumer.Handle[*CardRefunded](s, CardRefundedEvent, h, opts...)
+}
+
 // Constants of the shop.payments.v1.RefundFailed event.
 const (
 	// RefundFailedTopic is the Kafka topic shop.payments.v1.RefundFailed events are
@@ -624,6 +684,18 @@ func NewRefundFailedConsumer(cfg consumer.Config, h RefundFailedHandler, opts ..
 		return nil, errors.New("shop.payments.v1.RefundFailed: new consumer: nil handler")
 	}
 	return consumer.New(cfg, consumer.Bind[*RefundFailed](RefundFailedEvent, h), opts...)
+}
+
+// HandleRefundFailed registers h on the service consumer s as the handler of
+// shop.payments.v1.RefundFailed events from topic
+// shop.payments.refund-failed.v1: each event is handed to h exactly once per
+// consumer name, inside the dedup transaction, and after the service's retries
+// it goes to shop.payments.refund-failed.v1.dlq. Call it before s.Run.
+func HandleRefundFailed(s *consumer.Service, h RefundFailedHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("shop.payments.v1.RefundFailed: handle: nil handler")
+	}
+	return consumer.Handle[*RefundFailed](s, RefundFailedEvent, h, opts...)
 }
 
 // PaymentsEvents lists the events declared in shop/payments/v1/payments.proto,

@@ -124,6 +124,19 @@ func NewScheduleShippingConsumer(cfg consumer.Config, h ScheduleShippingHandler,
 	return consumer.New(cfg, consumer.Bind[*ScheduleShipping](ScheduleShippingEvent, h), opts...)
 }
 
+// HandleScheduleShipping registers h on the service consumer s as the handler
+// of shop.shipping.v1.ScheduleShipping events from topic
+// shop.shipping.schedule-shipping.v1: each event is handed to h exactly once
+// per consumer name, inside the dedup transaction, and after the service's
+// retries it goes to shop.shipping.schedule-shipping.v1.dlq. Call it before
+// s.Run.
+func HandleScheduleShipping(s *consumer.Service, h ScheduleShippingHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("shop.shipping.v1.ScheduleShipping: handle: nil handler")
+	}
+	return consumer.Handle[*ScheduleShipping](s, ScheduleShippingEvent, h, opts...)
+}
+
 // Constants of the shop.shipping.v1.ShippingScheduled event.
 const (
 	// ShippingScheduledTopic is the Kafka topic shop.shipping.v1.ShippingScheduled
@@ -226,6 +239,19 @@ func NewShippingScheduledConsumer(cfg consumer.Config, h ShippingScheduledHandle
 	return consumer.New(cfg, consumer.Bind[*ShippingScheduled](ShippingScheduledEvent, h), opts...)
 }
 
+// HandleShippingScheduled registers h on the service consumer s as the handler
+// of shop.shipping.v1.ShippingScheduled events from topic
+// shop.shipping.shipping-scheduled.v1: each event is handed to h exactly once
+// per consumer name, inside the dedup transaction, and after the service's
+// retries it goes to shop.shipping.shipping-scheduled.v1.dlq. Call it before
+// s.Run.
+func HandleShippingScheduled(s *consumer.Service, h ShippingScheduledHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("shop.shipping.v1.ShippingScheduled: handle: nil handler")
+	}
+	return consumer.Handle[*ShippingScheduled](s, ShippingScheduledEvent, h, opts...)
+}
+
 // Constants of the shop.shipping.v1.ShippingRefused event.
 const (
 	// ShippingRefusedTopic is the Kafka topic shop.shipping.v1.ShippingRefused
@@ -326,6 +352,18 @@ func NewShippingRefusedConsumer(cfg consumer.Config, h ShippingRefusedHandler, o
 		return nil, errors.New("shop.shipping.v1.ShippingRefused: new consumer: nil handler")
 	}
 	return consumer.New(cfg, consumer.Bind[*ShippingRefused](ShippingRefusedEvent, h), opts...)
+}
+
+// HandleShippingRefused registers h on the service consumer s as the handler of
+// shop.shipping.v1.ShippingRefused events from topic
+// shop.shipping.shipping-refused.v1: each event is handed to h exactly once per
+// consumer name, inside the dedup transaction, and after the service's retries
+// it goes to shop.shipping.shipping-refused.v1.dlq. Call it before s.Run.
+func HandleShippingRefused(s *consumer.Service, h ShippingRefusedHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("shop.shipping.v1.ShippingRefused: handle: nil handler")
+	}
+	return consumer.Handle[*ShippingRefused](s, ShippingRefusedEvent, h, opts...)
 }
 
 // SchedulingEvents lists the events declared in

@@ -124,6 +124,18 @@ func NewShipmentCreatedConsumer(cfg consumer.Config, h ShipmentCreatedHandler, o
 	return consumer.New(cfg, consumer.Bind[*ShipmentCreated](ShipmentCreatedEvent, h), opts...)
 }
 
+// HandleShipmentCreated registers h on the service consumer s as the handler of
+// shop.shipping.v1.ShipmentCreated events from topic
+// shop.shipping.shipment-created.v1: each event is handed to h exactly once per
+// consumer name, inside the dedup transaction, and after the service's retries
+// it goes to shop.shipping.shipment-created.v1.dlq. Call it before s.Run.
+func HandleShipmentCreated(s *consumer.Service, h ShipmentCreatedHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("shop.shipping.v1.ShipmentCreated: handle: nil handler")
+	}
+	return consumer.Handle[*ShipmentCreated](s, ShipmentCreatedEvent, h, opts...)
+}
+
 // ShippingEvents lists the events declared in shop/shipping/v1/shipping.proto,
 // for the relay, topic provisioning and the schema compatibility check.
 var ShippingEvents = []*events.Descriptor{ShipmentCreatedEvent}

@@ -122,6 +122,18 @@ func NewReserveStockConsumer(cfg consumer.Config, h ReserveStockHandler, opts ..
 	return consumer.New(cfg, consumer.Bind[*ReserveStock](ReserveStockEvent, h), opts...)
 }
 
+// HandleReserveStock registers h on the service consumer s as the handler of
+// shop.stock.v1.ReserveStock events from topic shop.stock.reserve-stock.v1:
+// each event is handed to h exactly once per consumer name, inside the dedup
+// transaction, and after the service's retries it goes to
+// shop.stock.reserve-stock.v1.dlq. Call it before s.Run.
+func HandleReserveStock(s *consumer.Service, h ReserveStockHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("shop.stock.v1.ReserveStock: handle: nil handler")
+	}
+	return consumer.Handle[*ReserveStock](s, ReserveStockEvent, h, opts...)
+}
+
 // Constants of the shop.stock.v1.StockReserved event.
 const (
 	// StockReservedTopic is the Kafka topic shop.stock.v1.StockReserved events are
@@ -221,6 +233,18 @@ func NewStockReservedConsumer(cfg consumer.Config, h StockReservedHandler, opts 
 		return nil, errors.New("shop.stock.v1.StockReserved: new consumer: nil handler")
 	}
 	return consumer.New(cfg, consumer.Bind[*StockReserved](StockReservedEvent, h), opts...)
+}
+
+// HandleStockReserved registers h on the service consumer s as the handler of
+// shop.stock.v1.StockReserved events from topic shop.stock.stock-reserved.v1:
+// each event is handed to h exactly once per consumer name, inside the dedup
+// transaction, and after the service's retries it goes to
+// shop.stock.stock-reserved.v1.dlq. Call it before s.Run.
+func HandleStockReserved(s *consumer.Service, h StockReservedHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("shop.stock.v1.StockReserved: handle: nil handler")
+	}
+	return consumer.Handle[*StockReserved](s, StockReservedEvent, h, opts...)
 }
 
 // Constants of the shop.stock.v1.StockUnavailable event.
@@ -325,6 +349,18 @@ func NewStockUnavailableConsumer(cfg consumer.Config, h StockUnavailableHandler,
 	return consumer.New(cfg, consumer.Bind[*StockUnavailable](StockUnavailableEvent, h), opts...)
 }
 
+// HandleStockUnavailable registers h on the service consumer s as the handler
+// of shop.stock.v1.StockUnavailable events from topic
+// shop.stock.stock-unavailable.v1: each event is handed to h exactly once per
+// consumer name, inside the dedup transaction, and after the service's retries
+// it goes to shop.stock.stock-unavailable.v1.dlq. Call it before s.Run.
+func HandleStockUnavailable(s *consumer.Service, h StockUnavailableHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("shop.stock.v1.StockUnavailable: handle: nil handler")
+	}
+	return consumer.Handle[*StockUnavailable](s, StockUnavailableEvent, h, opts...)
+}
+
 // Constants of the shop.stock.v1.ReleaseStock event.
 const (
 	// ReleaseStockTopic is the Kafka topic shop.stock.v1.ReleaseStock events are
@@ -423,6 +459,18 @@ func NewReleaseStockConsumer(cfg consumer.Config, h ReleaseStockHandler, opts ..
 		return nil, errors.New("shop.stock.v1.ReleaseStock: new consumer: nil handler")
 	}
 	return consumer.New(cfg, consumer.Bind[*ReleaseStock](ReleaseStockEvent, h), opts...)
+}
+
+// HandleReleaseStock registers h on the service consumer s as the handler of
+// shop.stock.v1.ReleaseStock events from topic shop.stock.release-stock.v1:
+// each event is handed to h exactly once per consumer name, inside the dedup
+// transaction, and after the service's retries it goes to
+// shop.stock.release-stock.v1.dlq. Call it before s.Run.
+func HandleReleaseStock(s *consumer.Service, h ReleaseStockHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("shop.stock.v1.ReleaseStock: handle: nil handler")
+	}
+	return consumer.Handle[*ReleaseStock](s, ReleaseStockEvent, h, opts...)
 }
 
 // Constants of the shop.stock.v1.StockReleased event.
@@ -524,6 +572,18 @@ func NewStockReleasedConsumer(cfg consumer.Config, h StockReleasedHandler, opts 
 		return nil, errors.New("shop.stock.v1.StockReleased: new consumer: nil handler")
 	}
 	return consumer.New(cfg, consumer.Bind[*StockReleased](StockReleasedEvent, h), opts...)
+}
+
+// HandleStockReleased registers h on the service consumer s as the handler of
+// shop.stock.v1.StockReleased events from topic shop.stock.stock-released.v1:
+// each event is handed to h exactly once per consumer name, inside the dedup
+// transaction, and after the service's retries it goes to
+// shop.stock.stock-released.v1.dlq. Call it before s.Run.
+func HandleStockReleased(s *consumer.Service, h StockReleasedHandler, opts ...consumer.HandlerOption) error {
+	if h == nil {
+		return errors.New("shop.stock.v1.StockReleased: handle: nil handler")
+	}
+	return consumer.Handle[*StockReleased](s, StockReleasedEvent, h, opts...)
 }
 
 // StockEvents lists the events declared in shop/stock/v1/stock.proto, for the
