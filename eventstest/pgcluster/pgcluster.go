@@ -29,6 +29,7 @@ type Cluster struct {
 
 	dir  string
 	bin  string
+	opts string // pg_ctl -o: port, socket directory and settings
 	cred *syscall.Credential
 }
 
@@ -113,6 +114,7 @@ func Start(ctx context.Context) (*Cluster, error) {
 			return nil, fmt.Errorf("pgcluster: free port: %w", err)
 		}
 		opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200", port, dir)
+		c.opts = opts
 		lastErr = c.run(ctx, "pg_ctl", "-D", data, "-l", filepath.Join(dir, "log"), "-o", opts, "-w", "-t", "60", "start")
 		if lastErr == nil {
 			c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
@@ -160,6 +162,21 @@ func (c *Cluster) Stop() error {
 	err := c.run(ctx, "pg_ctl", "-D", filepath.Join(c.dir, "data"), "-m", "immediate", "-w", "stop")
 	c.cleanup()
 	return err
+}
+
+// Down shuts the server down (fast mode: sessions are disconnected,
+// transactions roll back) but keeps its files, for tests of a database
+// outage; Up starts it again on the same port.
+func (c *Cluster) Down(ctx context.Context) error {
+	return c.run(ctx, "pg_ctl", "-D", filepath.Join(c.dir, "data"), "-m", "fast", "-w", "stop")
+}
+
+// Up starts a cluster stopped with Down again, on the same port and URL.
+func (c *Cluster) Up(ctx context.Context) error {
+	if err := c.run(ctx, "pg_ctl", "-D", filepath.Join(c.dir, "data"), "-l", filepath.Join(c.dir, "log"), "-o", c.opts, "-w", "-t", "60", "start"); err != nil {
+		return err
+	}
+	return c.ping(ctx)
 }
 
 func (c *Cluster) cleanup() { os.RemoveAll(c.dir) }

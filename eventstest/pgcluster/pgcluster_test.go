@@ -30,6 +30,20 @@ func TestStartStop(t *testing.T) {
 		t.Fatalf("query: %d, %v", n, err)
 	}
 	conn.Close(ctx)
+	if err := c.Down(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := pgx.Connect(ctx, c.URL); err == nil {
+		t.Fatal("server still answers after Down")
+	}
+	if err := c.Up(ctx); err != nil {
+		t.Fatal(err)
+	}
+	conn, err = pgx.Connect(ctx, c.URL)
+	if err != nil {
+		t.Fatalf("after Up: %v", err)
+	}
+	conn.Close(ctx)
 	if err := c.Stop(); err != nil {
 		t.Fatal(err)
 	}
