@@ -31,7 +31,8 @@ CREATE TABLE IF NOT EXISTS orders (
 	currency    text NOT NULL,
 	country     text NOT NULL,
 	placed_at   timestamptz NOT NULL DEFAULT now()
-)`
+);
+ALTER TABLE orders ADD COLUMN IF NOT EXISTS cancelled_at timestamptz`
 
 // Migrate creates the orders table.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
@@ -55,13 +56,14 @@ type Order struct {
 
 // Service places orders.
 type Service struct {
-	pool   *pgxpool.Pool
-	placed *ordersv2.OrderPlacedProducer
+	pool      *pgxpool.Pool
+	placed    *ordersv2.OrderPlacedProducer
+	cancelled *ordersv1.OrderCancelledProducer
 }
 
 // New returns a Service writing events through w.
 func New(pool *pgxpool.Pool, w *outbox.Writer) *Service {
-	return &Service{pool: pool, placed: ordersv2.NewOrderPlacedProducer(w)}
+	return &Service{pool: pool, placed: ordersv2.NewOrderPlacedProducer(w), cancelled: ordersv1.NewOrderCancelledProducer(w)}
 }
 
 // ErrDuplicateOrder reports an order ID that was already placed.
@@ -94,6 +96,35 @@ func (s *Service) PlaceOrder(ctx context.Context, o Order) ([]events.EventID, er
 		return nil, fmt.Errorf("orders: place order %s: %w", o.ID, err)
 	}
 	return ids, nil
+}
+
+// ErrNotCancellable reports an order that does not exist or was already
+// cancelled.
+var ErrNotCancellable = errors.New("orders: no such order, or already cancelled")
+
+// CancelOrder marks the order cancelled and writes its OrderCancelled event
+// in the same transaction, returning the event's ID.
+func (s *Service) CancelOrder(ctx context.Context, orderID, reason, by, correlationID string) (events.EventID, error) {
+	var id events.EventID
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE orders SET cancelled_at = now() WHERE order_id = $1 AND cancelled_at IS NULL`, orderID)
+		if err != nil {
+			return fmt.Errorf("update order: %w", err)
+		}
+		if tag.RowsAffected() == 0 {
+			return ErrNotCancellable
+		}
+		ev := &ordersv1.OrderCancelled{OrderId: orderID, Reason: reason}
+		if by != "" {
+			ev.CancelledBy = &by
+		}
+		id, err = s.cancelled.Publish(ctx, tx, ev, events.WithCorrelationID(correlationID))
+		return err
+	})
+	if err != nil {
+		return events.EventID{}, fmt.Errorf("orders: cancel order %s: %w", orderID, err)
+	}
+	return id, nil
 }
 
 // DownConvert turns a v2 OrderPlaced into the v1 event that consumers not

@@ -1,7 +1,8 @@
 // Package shipping is the example consumer service: it books a shipment for
 // every placed order, exactly once, however often Kafka delivers the event,
 // and announces it with a ShipmentCreated event written to its own outbox in
-// the same transaction.
+// the same transaction; it cancels the shipment of a cancelled order. One
+// service consumer (one group, one dedup name) handles both event types.
 package shipping
 
 import (
@@ -28,6 +29,12 @@ CREATE TABLE IF NOT EXISTS shipments (
 	order_id    text NOT NULL,
 	carrier     text NOT NULL,
 	created_at  timestamptz NOT NULL DEFAULT now()
+);
+ALTER TABLE shipments ADD COLUMN IF NOT EXISTS status text NOT NULL DEFAULT 'booked';
+CREATE TABLE IF NOT EXISTS cancelled_orders (
+	order_id     text PRIMARY KEY,
+	reason       text NOT NULL,
+	cancelled_at timestamptz NOT NULL DEFAULT now()
 );
 CREATE TABLE IF NOT EXISTS shipping_effects (
 	event_id   text NOT NULL,
@@ -65,10 +72,19 @@ func New(w *outbox.Writer, unserved ...string) *Service {
 }
 
 // HandleOrderPlaced books the shipment of one order inside the consumer's
-// dedup transaction.
+// dedup transaction. OrderPlaced and OrderCancelled travel on different
+// topics, so a cancellation may arrive first: an order already cancelled
+// gets no shipment.
 func (s *Service) HandleOrderPlaced(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ordersv1.OrderPlaced) error {
 	if s.Unserved[strings.ToUpper(ev.GetCountry())] {
 		return fmt.Errorf("shipping: no carrier serves country %q (order %s)", ev.GetCountry(), ev.GetOrderId())
+	}
+	var cancelled bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM cancelled_orders WHERE order_id = $1)`, ev.GetOrderId()).Scan(&cancelled); err != nil {
+		return fmt.Errorf("shipping: look up cancellation: %w", err)
+	}
+	if cancelled {
+		return nil
 	}
 	carrier := "parcelco"
 	shipmentID := "shp-" + ev.GetOrderId()
@@ -86,10 +102,35 @@ func (s *Service) HandleOrderPlaced(ctx context.Context, tx pgx.Tx, meta events.
 	return err
 }
 
-// NewConsumer returns the OrderPlaced (v1) consumer of the service.
-func (s *Service) NewConsumer(cfg consumer.Config, opts ...consumer.Option) (*consumer.Consumer, error) {
+// HandleOrderCancelled cancels the shipment of one order, or records the
+// cancellation for an OrderPlaced still to come.
+func (s *Service) HandleOrderCancelled(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ordersv1.OrderCancelled) error {
+	if _, err := tx.Exec(ctx, `INSERT INTO cancelled_orders (order_id, reason) VALUES ($1, $2) ON CONFLICT DO NOTHING`,
+		ev.GetOrderId(), ev.GetReason()); err != nil {
+		return fmt.Errorf("shipping: record cancellation: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `UPDATE shipments SET status = 'cancelled' WHERE order_id = $1 AND status = 'booked'`, ev.GetOrderId()); err != nil {
+		return fmt.Errorf("shipping: cancel shipment: %w", err)
+	}
+	return nil
+}
+
+// NewConsumer returns the service consumer of the shipping service: one
+// consumer group and dedup name (cfg.Name, default ConsumerName) for
+// OrderPlaced (v1) and OrderCancelled, each with its own DLQ.
+func (s *Service) NewConsumer(cfg consumer.Config, opts ...consumer.Option) (*consumer.Service, error) {
 	if cfg.Name == "" {
 		cfg.Name = ConsumerName
 	}
-	return ordersv1.NewOrderPlacedConsumer(cfg, s.HandleOrderPlaced, opts...)
+	svc, err := consumer.NewService(cfg, opts...)
+	if err != nil {
+		return nil, err
+	}
+	if err := ordersv1.HandleOrderPlaced(svc, s.HandleOrderPlaced); err != nil {
+		return nil, err
+	}
+	if err := ordersv1.HandleOrderCancelled(svc, s.HandleOrderCancelled); err != nil {
+		return nil, err
+	}
+	return svc, nil
 }

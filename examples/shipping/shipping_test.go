@@ -31,7 +31,9 @@ func TestShippingWithTheTestKit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env.CreateTopics(t, shippingv1.ShipmentCreatedEvent)
+	// The service consumes OrderPlaced and OrderCancelled; Run refuses to
+	// start while a consumed topic or its DLQ is missing.
+	env.CreateTopics(t, shippingv1.ShipmentCreatedEvent, ordersv1.OrderCancelledEvent)
 	first := env.Publish(t, &ordersv1.OrderPlaced{OrderId: "o-1", Country: "DE"}, events.WithCorrelationID("req-1"))
 	env.Publish(t, &ordersv1.OrderPlaced{OrderId: "o-2", Country: "FR"})
 	poison := env.Publish(t, &ordersv1.OrderPlaced{OrderId: "o-3", Country: "ZZ"})
@@ -40,6 +42,9 @@ func TestShippingWithTheTestKit(t *testing.T) {
 	stop := env.Start(t, c)
 	env.WaitApplied(t, shipping.ConsumerName, 2)
 	dlq := env.DLQ(t, ordersv1.OrderPlacedDLQTopic, 1)
+	// The same consumer handles the cancellation of o-2.
+	env.Publish(t, &ordersv1.OrderCancelled{OrderId: "o-2", Reason: "changed my mind"})
+	env.WaitApplied(t, shipping.ConsumerName, 3)
 	stop()
 	if len(dlq) != 1 || dlq[0].EventID != poison.String() || dlq[0].Attempts != 2 {
 		t.Fatalf("DLQ = %+v, want the poison order %s after 2 attempts", dlq, poison)
@@ -51,6 +56,10 @@ func TestShippingWithTheTestKit(t *testing.T) {
 	}
 	if shipments != 2 {
 		t.Errorf("%d shipments, want 2 (o-1 once despite the re-send, o-2)", shipments)
+	}
+	var status string
+	if err := env.DB.QueryRow(ctx, `SELECT status FROM shipments WHERE order_id = 'o-2'`).Scan(&status); err != nil || status != "cancelled" {
+		t.Errorf("shipment of the cancelled o-2: %q, %v; want cancelled", status, err)
 	}
 	rows := env.OutboxRows(t)
 	if len(rows) != 2 {
