@@ -20,6 +20,12 @@ SELECT pg_advisory_xact_lock(hashtextextended('protoevents.consumer.migrate:' ||
 {{- define "consumer_dedup"}}
 INSERT INTO {{.Table}} (consumer, event_id) VALUES ($1, $2) ON CONFLICT DO NOTHING
 {{- end}}
+{{- define "consumer_dedup_batch"}}
+INSERT INTO {{.Table}} (consumer, event_id) SELECT $1, id FROM unnest($2::uuid[]) AS t(id) ON CONFLICT DO NOTHING RETURNING event_id
+{{- end}}
+{{- define "consumer_undo_batch"}}
+DELETE FROM {{.Table}} WHERE consumer = $1 AND event_id = ANY($2::uuid[])
+{{- end}}
 {{- define "consumer_applied"}}
 SELECT EXISTS (SELECT 1 FROM {{.Table}} WHERE consumer = $1 AND event_id = $2)
 {{- end}}

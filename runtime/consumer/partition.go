@@ -112,7 +112,13 @@ func (c *Consumer) runPartition(runCtx, gctx context.Context, gen *kafka.Generat
 	for {
 		m, err := p.next(soft, r)
 		if err == nil {
-			err = p.settle(ctx, m)
+			var batch []kafka.Message
+			var ferr error
+			batch, ferr = p.fill(soft, r, m)
+			err = p.settleAll(ctx, batch)
+			if err == nil {
+				err = ferr
+			}
 		}
 		if err != nil {
 			var ab *abortError
@@ -194,6 +200,12 @@ func (p *partition) flush() error {
 // dead-lettered) and marks its offset, or returns an error with the offset
 // left alone: ctx ended, or the commit failed.
 func (p *partition) settle(ctx context.Context, m kafka.Message) error {
+	return p.settleAfter(ctx, m, nil)
+}
+
+// settleAfter is settle for a message whose first attempt, in a batch,
+// already failed with prior (nil: no attempt made yet).
+func (p *partition) settleAfter(ctx context.Context, m kafka.Message, prior error) error {
 	c := p.c
 	d := events.Delivery{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}
 	if target, ok := envelope.Header(m, HeaderRedriveFor); ok && target != c.cfg.Name {
@@ -223,7 +235,15 @@ func (p *partition) settle(ctx context.Context, m kafka.Message) error {
 	for attempt := 1; ; {
 		d.Attempt = attempt
 		start := time.Now()
-		dup, err := p.attempt(ctx, env, d)
+		var (
+			dup bool
+			err error
+		)
+		if prior != nil {
+			err, prior = prior, nil
+		} else {
+			dup, err = p.attempt(ctx, env, d)
+		}
 		if err == nil {
 			if c.s.afterDBCommit != nil {
 				if herr := c.s.afterDBCommit(m); herr != nil {

@@ -30,6 +30,8 @@ type sqlSet struct {
 	migrate string
 	lock    string
 	dedup   string
+	batch   string // dedup insert of many event IDs, returning the new ones
+	undo    string // delete the dedup rows of events not applied after all
 	applied string
 	prune   string
 }
@@ -68,6 +70,8 @@ func renderSQL(table string) (*sqlSet, error) {
 		{"consumer.sql", &s.migrate},
 		{"consumer_migrate_lock", &s.lock},
 		{"consumer_dedup", &s.dedup},
+		{"consumer_dedup_batch", &s.batch},
+		{"consumer_undo_batch", &s.undo},
 		{"consumer_applied", &s.applied},
 		{"consumer_prune", &s.prune},
 	} {
