@@ -237,14 +237,15 @@ func (e *Env) Relay(t testing.TB) {
 // it. A consumer that fails, or does not get there within the Env's timeout,
 // fails the test. To keep a consumer running while waiting for something
 // else (a dead letter, say), use Start and WaitApplied.
-func (e *Env) ConsumeUntil(t testing.TB, c *consumer.Consumer, name string, n int) {
+func (e *Env) ConsumeUntil(t testing.TB, c Runner, name string, n int) {
 	t.Helper()
 	stop := e.Start(t, c)
 	e.WaitApplied(t, name, n)
 	stop()
 }
 
-// Runner is what Start runs: a *consumer.Consumer or an *outbox.Relay.
+// Runner is what Start runs: a *consumer.Service, a *consumer.Consumer or
+// an *outbox.Relay.
 type Runner interface {
 	Run(ctx context.Context) error
 }

@@ -13,8 +13,9 @@ BenchmarkRelay/batched-500-2         	       3	  1000 ns/op	     30000 events/s
 BenchmarkRelay/naive-2               	       3	  9000 ns/op	      2000 events/s
 BenchmarkProducer/business-only-2    	     100	  2000 ns/op
 BenchmarkProducer/business+outbox-2  	     100	  3000 ns/op
-BenchmarkConsumer/dedup-2            	       1	   100 ns/op	      800 events/s
+BenchmarkConsumer/per-event-2        	       1	   100 ns/op	      800 events/s
 BenchmarkConsumer/no-dedup-2         	       1	   100 ns/op	     1000 events/s
+BenchmarkConsumer/batched-2          	       1	   100 ns/op	     3200 events/s
 BenchmarkWireSize/json-2         	     100	     20702 ns/op	       750.0 bytes/record	       450.0 value-bytes/record
 BenchmarkWireSize/proto-2        	     100	     10695 ns/op	       507.0 bytes/record	       203.0 value-bytes/record
 BenchmarkWireSize/ce-json-2      	     100	      7028 ns/op	       454.0 bytes/record	       179.0 value-bytes/record
@@ -35,6 +36,7 @@ func TestParseAndReport(t *testing.T) {
 		"ratio 32.50x (min 15.00, max 50.00, 2 rounds)  target >= 20.0: met", // median of 50 and 15
 		"ratio 1.50x",
 		"ratio 1.25x",
+		"ratio 4.00x (min 4.00, max 4.00, 1 rounds)  target >= 3.0: met", // batched / per-event
 		"ratio 0.61x", // 454 / 750
 	} {
 		if !strings.Contains(out.String(), want) {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgtype"
 	"github.com/segmentio/kafka-go"
 
@@ -246,21 +247,23 @@ func (p *partition) applyBatch(ctx context.Context, run []plain) (n int, failed 
 	return n, failed, herr, nil
 }
 
-// savepoint names the savepoint around each handler call of a batch.
-const savepoint = "protoevents_event"
+// savepointSQL sets the savepoint that isolates one handler call of a
+// batch; rollbackSQL returns to it when the handler fails.
+const (
+	savepointSQL = "SAVEPOINT protoevents_event"
+	rollbackSQL  = "ROLLBACK TO SAVEPOINT protoevents_event"
+)
 
-// applyOne runs one handler of a batch inside a savepoint. ok is false when
-// the handler failed with herr (its savepoint rolled back); err reports a
-// failure of the savepoint statements themselves; abandoned a handler that
-// ignored its context, whose goroutine now owns tx.
+// applyOne runs one handler of a batch, isolated by a savepoint set lazily
+// with its first statement (see eventTx). ok is false when the handler
+// failed with herr (its savepoint rolled back); err reports a failure of
+// the savepoint statements themselves; abandoned a handler that ignored
+// its context, whose goroutine now owns tx.
 func (p *partition) applyOne(ctx context.Context, tx pgx.Tx, pm plain) (ok, abandoned bool, herr, err error) {
 	c := p.c
 	ev := p.r.d.New()
 	if err := pm.env.UnmarshalPayload(ev); err != nil {
 		return false, false, Permanent(err), nil
-	}
-	if _, err := tx.Exec(ctx, "SAVEPOINT "+savepoint); err != nil {
-		return false, false, nil, fmt.Errorf("consumer: savepoint: %w", err)
 	}
 	actx := ctx
 	if c.s.attemptTimeout > 0 {
@@ -268,25 +271,156 @@ func (p *partition) applyOne(ctx context.Context, tx pgx.Tx, pm plain) (ok, aban
 		actx, cancel = context.WithTimeout(ctx, c.s.attemptTimeout)
 		defer cancel()
 	}
+	etx := &eventTx{Tx: tx}
 	meta := events.Meta{Metadata: pm.env.Metadata, Delivery: events.Delivery{Topic: pm.m.Topic, Partition: pm.m.Partition, Offset: pm.m.Offset, Attempt: 1}}
-	herr, abandoned = p.guardedHandler(actx, tx, meta, ev)
+	herr, abandoned = p.guardedHandler(actx, etx, meta, ev)
 	if abandoned {
 		return false, true, nil, nil
 	}
-	if herr != nil {
-		if ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
-			herr = fmt.Errorf("consumer: attempt timed out after %s (WithAttemptTimeout): %w", c.s.attemptTimeout, herr)
-		}
-		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT "+savepoint); err != nil {
-			return false, false, nil, fmt.Errorf("consumer: rollback to savepoint: %w", err)
-		}
-		return false, false, herr, nil
+	if herr == nil {
+		return true, false, nil, nil
 	}
-	if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT "+savepoint); err != nil {
-		return false, false, nil, fmt.Errorf("consumer: release savepoint: %w", err)
+	if ctx.Err() == nil && errors.Is(actx.Err(), context.DeadlineExceeded) {
+		herr = fmt.Errorf("consumer: attempt timed out after %s (WithAttemptTimeout): %w", c.s.attemptTimeout, herr)
 	}
-	return true, false, nil, nil
+	if !etx.set {
+		if tx.Conn().PgConn().TxStatus() != 'T' {
+			// The savepoint itself failed: the batch is lost.
+			return false, false, nil, fmt.Errorf("consumer: savepoint: %w", herr)
+		}
+		return false, false, herr, nil // the handler never touched tx
+	}
+	if _, err := tx.Exec(ctx, rollbackSQL); err != nil {
+		return false, false, nil, fmt.Errorf("consumer: rollback to savepoint: %w", err)
+	}
+	return false, false, herr, nil
 }
+
+// eventTx is the transaction a handler sees in a batch: the batch's
+// transaction, with a savepoint set just before the handler's first
+// statement, sent in the same round trip as an Exec, so isolating each
+// event costs no extra round trip. Savepoints are not released: each
+// handler's nests in the previous one's, and the commit ends them all;
+// see DefaultMaxBatch. Commit and Rollback are refused: the consumer owns
+// the transaction.
+type eventTx struct {
+	pgx.Tx
+	set bool
+}
+
+var errHandlerEndsTx = errors.New("consumer: a handler must not commit or roll back the dedup transaction")
+
+// ensure sets the savepoint, if not yet set, in a round trip of its own.
+func (t *eventTx) ensure(ctx context.Context) error {
+	if t.set {
+		return nil
+	}
+	if _, err := t.Tx.Exec(ctx, savepointSQL); err != nil {
+		return fmt.Errorf("consumer: savepoint: %w", err)
+	}
+	t.set = true
+	return nil
+}
+
+// Exec sends the savepoint and the statement in one round trip.
+func (t *eventTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if t.set {
+		return t.Tx.Exec(ctx, sql, args...)
+	}
+	b := &pgx.Batch{}
+	b.Queue(savepointSQL)
+	b.Queue(sql, args...)
+	br := t.Tx.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return pgconn.CommandTag{}, fmt.Errorf("consumer: savepoint: %w", err)
+	}
+	t.set = true
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
+}
+
+// Query sets the savepoint, then queries.
+func (t *eventTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := t.ensure(ctx); err != nil {
+		return nil, err
+	}
+	return t.Tx.Query(ctx, sql, args...)
+}
+
+// QueryRow sets the savepoint, then queries.
+func (t *eventTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := t.ensure(ctx); err != nil {
+		return errRow{err}
+	}
+	return t.Tx.QueryRow(ctx, sql, args...)
+}
+
+// SendBatch sets the savepoint, then sends b.
+func (t *eventTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if err := t.ensure(ctx); err != nil {
+		return errBatch{err}
+	}
+	return t.Tx.SendBatch(ctx, b)
+}
+
+// CopyFrom sets the savepoint, then copies.
+func (t *eventTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.ensure(ctx); err != nil {
+		return 0, err
+	}
+	return t.Tx.CopyFrom(ctx, table, cols, src)
+}
+
+// Prepare sets the savepoint, then prepares.
+func (t *eventTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := t.ensure(ctx); err != nil {
+		return nil, err
+	}
+	return t.Tx.Prepare(ctx, name, sql)
+}
+
+// Begin sets the savepoint, then starts a nested (pseudo) transaction.
+func (t *eventTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if err := t.ensure(ctx); err != nil {
+		return nil, err
+	}
+	return t.Tx.Begin(ctx)
+}
+
+// Conn sets the savepoint (the handler may use the connection directly),
+// then returns the connection.
+func (t *eventTx) Conn() *pgx.Conn {
+	_ = t.ensure(context.Background())
+	return t.Tx.Conn()
+}
+
+// LargeObjects sets the savepoint, then returns the large objects API.
+func (t *eventTx) LargeObjects() pgx.LargeObjects {
+	_ = t.ensure(context.Background())
+	return t.Tx.LargeObjects()
+}
+
+// Commit is refused.
+func (t *eventTx) Commit(context.Context) error { return errHandlerEndsTx }
+
+// Rollback is refused.
+func (t *eventTx) Rollback(context.Context) error { return errHandlerEndsTx }
+
+type errRow struct{ err error }
+
+func (r errRow) Scan(...any) error { return r.err }
+
+type errBatch struct{ err error }
+
+func (b errBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
+func (b errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
+func (b errBatch) QueryRow() pgx.Row                { return errRow(b) }
+func (b errBatch) Close() error                     { return b.err }
+func (b errBatch) Tx() pgx.Tx                       { return nil }
 
 // committedAfterAll reports, after a commit that failed in transit, whether
 // it landed on the server: the dedup row of an event the batch applied

@@ -83,3 +83,56 @@ func TestBatchIsolatesFailingEvents(t *testing.T) {
 	}
 	t.Logf("%d events in %d transactions", total-1, txs)
 }
+
+// TestBatchSavepointVariants: in a batch, a handler that fails after a
+// query (savepoint set lazily by QueryRow), one that fails without
+// touching the transaction, and one that tries to commit it are each
+// isolated; every event is applied once.
+func TestBatchSavepointVariants(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 1)
+	ctx := context.Background()
+	if _, err := b.pool.Exec(ctx, `CREATE TABLE sp_effects (n int PRIMARY KEY)`); err != nil {
+		t.Fatal(err)
+	}
+	const total = 60
+	var msgs []kafka.Message
+	for i := range total {
+		msgs = append(msgs, message(t, b.event(t, "k", i), nil))
+	}
+	b.produce(t, msgs...)
+	var commitRefused counter
+	h := Bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
+		first := meta.Attempt == 1
+		switch {
+		case ev.Seq()%10 == 5 && first:
+			return errors.New("fails before any statement")
+		case ev.Seq()%10 == 8 && first:
+			if errors.Is(tx.Commit(ctx), errHandlerEndsTx) {
+				commitRefused.inc()
+			}
+		}
+		var n int
+		if err := tx.QueryRow(ctx, `INSERT INTO sp_effects (n) VALUES ($1) RETURNING n`, ev.Seq()).Scan(&n); err != nil {
+			return err
+		}
+		if ev.Seq()%10 == 3 && first {
+			return errors.New("fails after a query")
+		}
+		return nil
+	})
+	r := start(t, b.newConsumer(t, "sp", h, WithMaxBatch(16)))
+	waitFor(t, 60*time.Second, "every event applied", func() (bool, string) {
+		n := query(t, b.pool, `SELECT count(*) FROM sp_effects`)
+		return n == total, fmt.Sprint(n)
+	})
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if commitRefused.get() == 0 {
+		t.Fatal("a handler's Commit of the batch transaction was not refused")
+	}
+	if n := query(t, b.pool, `SELECT count(*) FROM consumed_events WHERE consumer = 'sp'`); n != total {
+		t.Fatalf("%d dedup rows, want %d", n, total)
+	}
+}

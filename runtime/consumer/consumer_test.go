@@ -62,7 +62,9 @@ func TestRedeliveryAfterCrashBetweenCommits(t *testing.T) {
 	b.produce(t, msgs...)
 	crash := errors.New("simulated crash")
 	var crashed atomic.Bool
-	c1 := b.newConsumer(t, "crashy", b.handler("crashy", nil), WithCommitInterval(0),
+	// One transaction per message: the seam fires between one message's
+	// commit and its offset.
+	c1 := b.newConsumer(t, "crashy", b.handler("crashy", nil), WithCommitInterval(0), WithMaxBatch(1),
 		withAfterDBCommit(func(m kafka.Message) error {
 			if m.Offset == 2 && crashed.CompareAndSwap(false, true) {
 				return crash
