@@ -273,7 +273,7 @@ func (p *partition) applyOne(ctx context.Context, tx pgx.Tx, pm plain) (ok, aban
 	}
 	etx := &eventTx{Tx: tx}
 	meta := events.Meta{Metadata: pm.env.Metadata, Delivery: events.Delivery{Topic: pm.m.Topic, Partition: pm.m.Partition, Offset: pm.m.Offset, Attempt: 1}}
-	herr, abandoned = p.guardedHandler(actx, etx, meta, ev)
+	herr, abandoned = p.guardedHandler(actx, tx, etx, meta, ev)
 	if abandoned {
 		return false, true, nil, nil
 	}

@@ -340,21 +340,29 @@ func (c *Consumer) Run(ctx context.Context) error {
 		}
 		c.log.Debug("consumer: new generation", "generation", gen.ID, "assignments", gen.Assignments)
 		c.watch.assigned(gen.Assignments)
-		var started sync.WaitGroup
+		// Ready once every partition of the generation has started (or
+		// given up); a generation without partitions is ready at once.
+		var toStart atomic.Int64
+		for _, parts := range gen.Assignments {
+			toStart.Add(int64(len(parts)))
+		}
+		started := func() {
+			if toStart.Add(-1) == 0 {
+				c.readyOn.Do(func() { close(c.ready) })
+			}
+		}
+		if toStart.Load() == 0 {
+			c.readyOn.Do(func() { close(c.ready) })
+		}
 		for topic, parts := range gen.Assignments {
 			for _, a := range parts {
-				started.Add(1)
 				gen.Start(func(gctx context.Context) {
-					if err := c.runPartition(ctx, gctx, gen, topic, a, started.Done); err != nil {
+					if err := c.runPartition(ctx, gctx, gen, topic, a, started); err != nil {
 						abort(err)
 					}
 				})
 			}
 		}
-		go func() {
-			started.Wait()
-			c.readyOn.Do(func() { close(c.ready) })
-		}()
 	}
 	// Close ends the current generation, waits for its partition
 	// goroutines (which commit what they handled) and leaves the group.

@@ -369,7 +369,7 @@ func (p *partition) attempt(ctx context.Context, env *envelope.Envelope, d event
 		}
 	}
 	meta := events.Meta{Metadata: env.Metadata, Delivery: d}
-	err, abandoned = p.guardedHandler(actx, tx, meta, ev)
+	err, abandoned = p.guardedHandler(actx, tx, tx, meta, ev)
 	if abandoned {
 		if ctx.Err() != nil {
 			return false, ctx.Err()
@@ -401,7 +401,8 @@ func (p *partition) attempt(ctx context.Context, env *envelope.Envelope, d event
 // reported at ERROR and abandoned. Its connection is closed, so the server
 // rolls its transaction back; the goroutine releases tx whenever the
 // handler returns. abandoned reports that case; tx must then not be used.
-func (p *partition) guardedHandler(ctx context.Context, tx pgx.Tx, meta events.Meta, ev events.Event) (err error, abandoned bool) {
+// htx is the handler's view of tx (tx itself, or a batch's eventTx).
+func (p *partition) guardedHandler(ctx context.Context, tx, htx pgx.Tx, meta events.Meta, ev events.Event) (err error, abandoned bool) {
 	var (
 		mu       sync.Mutex
 		finished bool
@@ -409,7 +410,7 @@ func (p *partition) guardedHandler(ctx context.Context, tx pgx.Tx, meta events.M
 		done     = make(chan error, 1)
 	)
 	go func() {
-		err := p.c.traceHandler(ctx, tx, meta, ev, p.r)
+		err := p.c.traceHandler(ctx, htx, meta, ev, p.r)
 		mu.Lock()
 		finished = true
 		owner := gaveUp
