@@ -125,7 +125,7 @@ func (p *partition) applyBatch(ctx context.Context, run []plain) (n int, failed 
 		return 0, false, nil, err
 	}
 	defer release()
-	tx, err := c.cfg.DB.Begin(ctx)
+	tx, err := c.begin(ctx, p.r)
 	if err != nil {
 		return 0, true, nil, nil
 	}

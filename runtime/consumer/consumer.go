@@ -41,6 +41,7 @@ package consumer
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -123,6 +124,8 @@ type Consumer struct {
 	ready   chan struct{}
 	readyOn sync.Once
 	watch   *assignWatch
+	sqlOnce sync.Once
+	sqldb   *sql.DB // for database/sql handlers (HandleSQL), opened on first use
 }
 
 // route is the handling of one topic: its event type, handler and DLQ.
@@ -131,6 +134,7 @@ type route struct {
 	dlq         string
 	fn          HandlerFunc // the handler wrapped in the service's middleware
 	maxAttempts int
+	sql         bool // a database/sql handler: its transaction is a *sql.Tx (HandleSQL)
 }
 
 // New returns a Consumer that feeds the events of h's type to h: a service
@@ -279,6 +283,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 		cancel(err)
 	}
 
+	defer func() {
+		if c.sqldb != nil {
+			_ = c.sqldb.Close()
+		}
+	}()
 	transport := transportFor(c.s.dialer)
 	defer transport.CloseIdleConnections()
 	c.writer = &kafka.Writer{

@@ -346,7 +346,7 @@ func (p *partition) attempt(ctx context.Context, env *envelope.Envelope, d event
 		}
 		return err
 	}
-	tx, err := c.cfg.DB.Begin(actx)
+	tx, err := c.begin(actx, p.r)
 	if err != nil {
 		return false, &infraError{timedOut(fmt.Errorf("consumer: begin: %w", err))}
 	}
