@@ -330,6 +330,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		StartOffset:            c.s.startOffset,
 		WatchPartitionChanges:  true,
 		PartitionWatchInterval: c.s.partitionWatch,
+		Logger:                 kafka.LoggerFunc(func(msg string, args ...any) { c.log.Debug(fmt.Sprintf(msg, args...)) }),
 		ErrorLogger:            kafka.LoggerFunc(func(msg string, args ...any) { c.log.Debug(fmt.Sprintf(msg, args...)) }),
 	})
 	if err != nil {
