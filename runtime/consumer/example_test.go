@@ -64,3 +64,51 @@ func ExampleRedrive() {
 		log.Fatal(err)
 	}
 }
+
+// orderCancelled stands in for a second generated event type.
+var orderCancelled = &events.Descriptor{Type: "orders.v1.OrderCancelled", Topic: "orders.order-cancelled.v1", Version: 1}
+
+// A service consumer: one group and one dedup name for every event type the
+// service handles, a middleware around every handler, and a readiness
+// signal. Generated code offers Handle<Event>(s, h) for each event.
+func ExampleNewService() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	defer stop()
+	pool, err := pgxpool.New(ctx, "postgres://localhost/shipping")
+	if err != nil {
+		log.Fatal(err)
+	}
+	logEvents := func(next consumer.HandlerFunc) consumer.HandlerFunc {
+		return func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev events.Event) error {
+			err := next(ctx, tx, meta, ev)
+			log.Printf("%s %s attempt %d: %v", meta.Type, meta.EventID, meta.Attempt, err)
+			return err
+		}
+	}
+	s, err := consumer.NewService(consumer.Config{Name: "shipping", Brokers: []string{"localhost:9092"}, DB: pool},
+		consumer.WithMiddleware(logEvents), consumer.WithDrainTimeout(5*time.Second))
+	if err != nil {
+		log.Fatal(err)
+	}
+	book := func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev events.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO shipments (order_key) VALUES ($1)`, ev.EventKey())
+		return err
+	}
+	cancel := func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev events.Event) error {
+		_, err := tx.Exec(ctx, `UPDATE shipments SET status = 'cancelled' WHERE order_key = $1`, ev.EventKey())
+		return err
+	}
+	if err := consumer.Handle(s, orderPlaced, book); err != nil {
+		log.Fatal(err)
+	}
+	if err := consumer.Handle(s, orderCancelled, cancel); err != nil {
+		log.Fatal(err)
+	}
+	go func() {
+		<-s.Ready()
+		log.Printf("consumer %s ready (group %s)", s.Name(), s.GroupID())
+	}()
+	if err := s.Run(ctx); err != nil {
+		log.Fatal(err) // e.g. a *consumer.MissingTopicsError naming the topics to create
+	}
+}

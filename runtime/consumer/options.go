@@ -448,11 +448,6 @@ func withTopicPoll(d time.Duration) Option {
 	return func(c *Consumer) { c.s.topicPoll = d }
 }
 
-// withPartitionWatch sets how often the group looks for new partitions (tests).
-func withPartitionWatch(d time.Duration) Option {
-	return func(c *Consumer) { c.s.partitionWatch = d }
-}
-
 // withHandlerGrace sets how long a handler may overrun its context (tests).
 func withHandlerGrace(d time.Duration) Option {
 	return func(c *Consumer) { c.s.handlerGrace = d }
