@@ -267,6 +267,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.awaitTopics(ctx); err != nil {
 		return err
 	}
+	if ctx.Err() != nil {
+		return nil // cancelled while waiting for topics
+	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	var (
