@@ -9,6 +9,16 @@
 // re-send, rebalance, crash before the offset commit) finds its dedup row and
 // skips the handler, so each event ID is applied once per consumer name.
 //
+// Consecutive messages of a partition that are already fetched are
+// applied in one transaction (WithMaxBatch): one dedup statement for the
+// batch, each handler isolated by a savepoint; the first failing event
+// ends the batch, the ones before it commit, and it is retried or
+// dead-lettered alone (see batch.go).
+//
+// NewService and Handle build one consumer (one group, one dedup name) for
+// several event types, each on its own topic with its own DLQ; New is the
+// single-handler case. WithMiddleware wraps every handler.
+//
 // Every assigned partition has its own goroutine and its own fetcher
 // (kafka-go's ConsumerGroup, one Generation.Start per partition), so a
 // partition that is retrying a failing message blocks only itself: order
@@ -28,7 +38,11 @@
 // fails is retried until it succeeds, with the offset uncommitted: a message
 // is never dropped. Failures of the dedup step itself (database down) are
 // retried without limit and never dead-letter. Cancelling Run's context is
-// not a failure: the attempt rolls back and the message is redelivered.
+// not a failure: in-flight work may finish for WithDrainTimeout, then is
+// rolled back and the message redelivered. A handler that ignores its
+// context is abandoned (its connection closed) and reported at ERROR.
+// Transient database errors (lost connections, server shutdown,
+// serialization failures, deadlocks) are retried without counting.
 // ListDLQ and Redrive inspect and replay a DLQ without a running consumer.
 //
 // # Retention

@@ -13,7 +13,8 @@ import (
 type Hooks struct {
 	// Processed is called after an event's transaction committed: the
 	// handler ran and its effects are durable. Latency covers the whole
-	// successful attempt (begin, dedup insert, handler, commit).
+	// successful attempt (begin, dedup insert, handler, commit); for an
+	// event applied in a batch, the whole batch's transaction.
 	Processed func(d events.Delivery, eventType string, latency time.Duration)
 	// Duplicate is called when an event was already applied by this
 	// consumer name (a redelivery), so the handler was skipped.
