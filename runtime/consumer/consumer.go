@@ -140,6 +140,7 @@ type Consumer struct {
 	watch   *assignWatch
 	sqlOnce sync.Once
 	sqldb   *sql.DB // for database/sql handlers (HandleSQL), opened on first use
+	health  healthState
 }
 
 // route is the handling of one topic: its event type, handler and DLQ.
@@ -278,6 +279,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if len(c.topics) == 0 {
 		return fmt.Errorf("consumer: %s: no handlers: register one with Handle before Run", c.cfg.Name)
 	}
+	c.health.live.Store(true)
+	defer c.health.live.Store(false)
 	if err := c.awaitTopics(ctx); err != nil {
 		return err
 	}
@@ -330,6 +333,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if c.s.pruneEvery > 0 {
 		bg.Go(func() { c.pruneLoop(ctx) })
 	}
+	bg.Go(func() { c.checkDatabase(ctx) })
 	c.watch = newAssignWatch(c.topics)
 	if c.s.unassignedWarn > 0 {
 		bg.Go(func() { c.watchAssignments(ctx) })
@@ -363,9 +367,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 			}
 			// The group retries joining by itself, with backoff.
 			c.log.Warn("consumer: join group", "group", c.cfg.GroupID, "err", err)
+			c.health.joinErr.Store(err.Error())
 			continue
 		}
 		c.log.Debug("consumer: new generation", "generation", gen.ID, "assignments", gen.Assignments)
+		c.health.joinErr.Store("")
 		c.watch.assigned(gen.Assignments)
 		// Ready once every partition of the generation has started (or
 		// given up); a generation without partitions is ready at once.

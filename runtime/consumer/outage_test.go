@@ -3,6 +3,7 @@ package consumer
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -85,7 +86,12 @@ func TestPostgresOutageBurnsNoAttempts(t *testing.T) {
 	}
 	close(resume)
 	// Far longer than MaxAttempts × backoff: every partition keeps failing
-	// to reach the database.
+	// to reach the database, and the consumer says it is not ready.
+	waitFor(t, 60*time.Second, "not ready during the outage", func() (bool, string) {
+		h := c.Health()
+		return h.Live && !h.Ready && strings.Contains(h.String(), "transient database failure"), h.String()
+	})
+	t.Logf("health during the outage:\n%s", c.Health())
 	time.Sleep(5 * time.Second)
 	if err := pg.Up(ctx); err != nil {
 		t.Fatal(err)
@@ -96,6 +102,10 @@ func TestPostgresOutageBurnsNoAttempts(t *testing.T) {
 			return false, err.Error()
 		}
 		return n == total, fmt.Sprint(n)
+	})
+	waitFor(t, 60*time.Second, "ready after the outage", func() (bool, string) {
+		h := c.Health()
+		return h.Ready, h.String()
 	})
 	if err := r.stop(); err != nil {
 		t.Fatal(err)

@@ -63,6 +63,8 @@ func (e *infraError) Unwrap() error { return e.err }
 func (c *Consumer) runPartition(runCtx, gctx context.Context, gen *kafka.Generation, topic string, a kafka.PartitionAssignment, started func()) error {
 	started = sync.OnceFunc(started)
 	defer started()
+	c.health.partitions.Add(1)
+	defer c.health.partitions.Add(-1)
 	soft, cancelSoft := context.WithCancel(context.WithoutCancel(runCtx))
 	defer cancelSoft()
 	ctx, cancel := context.WithCancel(context.WithoutCancel(runCtx))
@@ -232,6 +234,20 @@ func (p *partition) settleAfter(ctx context.Context, m kafka.Message, prior erro
 	}
 	var first, last time.Time
 	infra := 0
+	// recovered ends a streak of transient failures: logged, and no longer
+	// counted against the consumer's readiness.
+	recovered := func() {
+		if infra > 0 {
+			p.log.Info("consumer: database reachable again", "offset", m.Offset, "transient_failures", infra)
+			c.health.failing.Add(-1)
+			infra = 0
+		}
+	}
+	defer func() {
+		if infra > 0 {
+			c.health.failing.Add(-1)
+		}
+	}()
 	for attempt := 1; ; {
 		d.Attempt = attempt
 		start := time.Now()
@@ -245,6 +261,7 @@ func (p *partition) settleAfter(ctx context.Context, m kafka.Message, prior erro
 			dup, err = p.attempt(ctx, env, d)
 		}
 		if err == nil {
+			recovered()
 			if c.s.afterDBCommit != nil {
 				if herr := c.s.afterDBCommit(m); herr != nil {
 					return &abortError{herr}
@@ -272,6 +289,9 @@ func (p *partition) settleAfter(ctx context.Context, m kafka.Message, prior erro
 		}
 		if isInfra(err) {
 			infra++
+			if infra == 1 {
+				c.health.failing.Add(1)
+			}
 			wait := c.backoff(infra)
 			level := slog.LevelWarn
 			if infra > 5 {
@@ -283,10 +303,7 @@ func (p *partition) settleAfter(ctx context.Context, m kafka.Message, prior erro
 			}
 			continue
 		}
-		if infra > 0 {
-			p.log.Info("consumer: database reachable again", "offset", m.Offset, "transient_failures", infra)
-			infra = 0
-		}
+		recovered()
 		last = time.Now()
 		if first.IsZero() {
 			first = last

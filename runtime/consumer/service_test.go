@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
@@ -273,6 +275,12 @@ func TestWaitForTopics(t *testing.T) {
 		t.Fatal("ready while its topics are missing")
 	default:
 	}
+	if code, body := probe(t, s.ReadyHandler()); code != http.StatusServiceUnavailable || !strings.Contains(body, "waiting for missing topics") {
+		t.Fatalf("readiness while topics are missing: %d %q", code, body)
+	}
+	if code, body := probe(t, s.LiveHandler()); code != http.StatusOK {
+		t.Fatalf("liveness while waiting for topics: %d %q", code, body)
+	}
 	cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
 	defer ccancel()
 	if err := b.kafka.CreateTopics(cctx, 1, d2.Topic, d2.DLQTopic); err != nil {
@@ -284,10 +292,25 @@ func TestWaitForTopics(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.effectsAtLeast(t, 1, 30*time.Second)
+	waitFor(t, 30*time.Second, "ready once the topics exist", func() (bool, string) {
+		code, body := probe(t, s.ReadyHandler())
+		return code == http.StatusOK, body
+	})
 	cancel()
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
+	if code, body := probe(t, s.LiveHandler()); code != http.StatusServiceUnavailable || !strings.Contains(body, "not live") {
+		t.Fatalf("liveness after Run returned: %d %q", code, body)
+	}
+}
+
+// probe calls a health handler and returns its status code and body.
+func probe(t *testing.T, h http.Handler) (int, string) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	return rec.Code, rec.Body.String()
 }
 
 // TestUnassignedTopicWarns: two members of one group on a one-partition

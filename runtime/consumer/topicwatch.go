@@ -93,6 +93,7 @@ func existingTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string,
 // it, Run logs a warning naming them every wait interval until they exist.
 func (c *Consumer) awaitTopics(ctx context.Context) error {
 	var lastWarn time.Time
+	defer c.health.waiting.Store(false)
 	for {
 		missing, err := c.missingTopics(ctx)
 		if err == nil && missing == nil {
@@ -111,6 +112,7 @@ func (c *Consumer) awaitTopics(ctx context.Context) error {
 			if c.s.topicWait <= 0 {
 				return missing
 			}
+			c.health.waiting.Store(true)
 			if time.Since(lastWarn) >= c.s.topicWait {
 				c.log.Warn("consumer: waiting for topics to be created; not consuming anything until they exist", "missing", missing.Topics,
 					"fix", "eventsctl topics create --topic "+strings.Join(missing.EventTopics, ","))

@@ -1,0 +1,175 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Health is a consumer's liveness and readiness, as Consumer.Health and
+// Service.Health report it, for an orchestrator's probes.
+type Health struct {
+	// Live is true from Run's start until it returns: a consumer that is
+	// not live has stopped (restart the process).
+	Live bool
+	// Ready is true when the consumer is live, has joined its group (its
+	// partitions started, the first generation handed out), its topics
+	// exist, and the database answered the last check and no partition is
+	// retrying a transient database failure. Problems says why not.
+	Ready bool
+	// Problems are the reasons for not being live or ready, for people.
+	Problems []string
+	// Partitions is the number of partitions this member consumes now.
+	Partitions int
+	// Database is the outcome of the last database check ("" before the
+	// first one), and DatabaseChecked when it was.
+	Database        string
+	DatabaseChecked time.Time
+}
+
+// String renders the health as the lines LiveHandler and ReadyHandler
+// serve.
+func (h Health) String() string {
+	var b strings.Builder
+	switch {
+	case !h.Live:
+		b.WriteString("not live\n")
+	case h.Ready:
+		b.WriteString("ready\n")
+	default:
+		b.WriteString("live, not ready\n")
+	}
+	for _, p := range h.Problems {
+		fmt.Fprintf(&b, "problem: %s\n", p)
+	}
+	fmt.Fprintf(&b, "partitions: %d consumed\n", h.Partitions)
+	if !h.DatabaseChecked.IsZero() {
+		fmt.Fprintf(&b, "database: %s (checked %s ago)\n", h.Database, time.Since(h.DatabaseChecked).Round(time.Millisecond))
+	}
+	return b.String()
+}
+
+// healthState is what Health reads; Run and the partitions write it.
+type healthState struct {
+	live       atomic.Bool
+	waiting    atomic.Bool  // waiting for missing topics
+	joinErr    atomic.Value // string: the last group join failure, "" once joined
+	partitions atomic.Int64 // partitions running now
+	failing    atomic.Int64 // partitions in a streak of transient database failures
+
+	mu        sync.Mutex
+	dbErr     string
+	dbChecked time.Time
+}
+
+// healthCheckInterval is how often Run checks the database for Health,
+// and healthCheckTimeout how long one check may take.
+const (
+	healthCheckInterval = 5 * time.Second
+	healthCheckTimeout  = 2 * time.Second
+)
+
+// checkDatabase pings the database every healthCheckInterval until ctx
+// ends, recording the outcome for Health.
+func (c *Consumer) checkDatabase(ctx context.Context) {
+	for {
+		pctx, cancel := context.WithTimeout(ctx, healthCheckTimeout)
+		err := c.cfg.DB.Ping(pctx)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		c.health.mu.Lock()
+		c.health.dbChecked = time.Now()
+		c.health.dbErr = ""
+		if err != nil {
+			c.health.dbErr = err.Error()
+		}
+		c.health.mu.Unlock()
+		if sleep(ctx, healthCheckInterval) != nil {
+			return
+		}
+	}
+}
+
+// Health reports the consumer's liveness and readiness. It does no I/O:
+// Run checks the database in the background and records its own progress.
+func (c *Consumer) Health() Health {
+	h := Health{
+		Live:       c.health.live.Load(),
+		Partitions: int(c.health.partitions.Load()),
+	}
+	c.health.mu.Lock()
+	h.DatabaseChecked = c.health.dbChecked
+	dbErr := c.health.dbErr
+	c.health.mu.Unlock()
+	h.Database = "reachable"
+	if dbErr != "" {
+		h.Database = "unreachable: " + dbErr
+	}
+	if !h.Live {
+		h.Problems = append(h.Problems, "Run is not running")
+		return h
+	}
+	if c.health.waiting.Load() {
+		h.Problems = append(h.Problems, "waiting for missing topics to be created (see the WARN log for which)")
+	}
+	select {
+	case <-c.ready:
+	default:
+		msg := "not yet joined the consumer group " + c.cfg.GroupID
+		if e, _ := c.health.joinErr.Load().(string); e != "" {
+			msg += ": " + e
+		}
+		h.Problems = append(h.Problems, msg)
+	}
+	if dbErr != "" {
+		h.Problems = append(h.Problems, "database unreachable: "+dbErr)
+	}
+	if n := c.health.failing.Load(); n > 0 {
+		h.Problems = append(h.Problems, fmt.Sprintf("%d partition(s) retrying a transient database failure", n))
+	}
+	h.Ready = len(h.Problems) == 0
+	return h
+}
+
+// LiveHandler serves the consumer's liveness: 200 and the health text
+// while Run runs, 503 otherwise. Mount it at /livez.
+func (c *Consumer) LiveHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		h := c.Health()
+		serveHealth(w, h, h.Live)
+	})
+}
+
+// ReadyHandler serves the consumer's readiness: 200 and the health text
+// when ready, 503 otherwise. Mount it at /readyz.
+func (c *Consumer) ReadyHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		h := c.Health()
+		serveHealth(w, h, h.Ready)
+	})
+}
+
+// Health reports the service consumer's liveness and readiness; see
+// Consumer.Health.
+func (s *Service) Health() Health { return s.c.Health() }
+
+// LiveHandler serves the service's liveness (mount at /livez).
+func (s *Service) LiveHandler() http.Handler { return s.c.LiveHandler() }
+
+// ReadyHandler serves the service's readiness (mount at /readyz).
+func (s *Service) ReadyHandler() http.Handler { return s.c.ReadyHandler() }
+
+func serveHealth(w http.ResponseWriter, h Health, ok bool) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if !ok {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+	_, _ = w.Write([]byte(h.String()))
+}
