@@ -11,7 +11,6 @@ import (
 	"sync"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/events"
@@ -38,44 +37,35 @@ func (h replyHandler) Handle(ctx context.Context, tx pgx.Tx, meta events.Meta, e
 	return h.handle(ctx, tx, meta, ev)
 }
 
-// Consumers returns one idempotent consumer per reply event type of the
-// saga. They share one dedup scope, cfg.Name (default ConsumerName), and
-// each joins its own group, cfg.GroupID (default the name) plus "." and the
-// reply topic.
-func (sg *Saga[D]) Consumers(cfg consumer.Config, opts ...consumer.Option) ([]*consumer.Consumer, error) {
+// Service returns the saga's reply consumer: one service consumer (one
+// Kafka group, one dedup scope) with a handler per reply event type, each
+// reply topic keeping its own DLQ. cfg.Name defaults to ConsumerName, and
+// the group to the name.
+func (sg *Saga[D]) Service(cfg consumer.Config, opts ...consumer.Option) (*consumer.Service, error) {
 	if cfg.Name == "" {
 		cfg.Name = sg.ConsumerName()
 	}
-	group := cfg.GroupID
-	if group == "" {
-		group = cfg.Name
+	svc, err := consumer.NewService(cfg, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("saga %s: reply consumer: %w", sg.def.Name, err)
 	}
-	var out []*consumer.Consumer
 	for _, d := range sg.ReplyTypes() {
-		c := cfg
-		c.GroupID = group + "." + d.Topic
-		cons, err := consumer.New(c, replyHandler{d: d, handle: sg.Handle}, opts...)
-		if err != nil {
-			return nil, fmt.Errorf("saga %s: consumer of %s: %w", sg.def.Name, d.Type, err)
+		if err := svc.Register(replyHandler{d: d, handle: sg.Handle}); err != nil {
+			return nil, fmt.Errorf("saga %s: handler of %s: %w", sg.def.Name, d.Type, err)
 		}
-		out = append(out, cons)
 	}
-	return out, nil
+	return svc, nil
 }
 
 // Run runs the saga's orchestrator until ctx is cancelled: the reply
-// consumers (see Consumers) and the timeout runner on cfg.DB. It returns
-// nil after a cancellation, or the first failure of a consumer, having
-// stopped the others.
+// consumer (see Service) and the timeout runner on cfg.DB. It returns nil
+// after a cancellation, or the first failure of either, having stopped the
+// other.
 func (sg *Saga[D]) Run(ctx context.Context, cfg consumer.Config, opts ...consumer.Option) error {
-	cs, err := sg.Consumers(cfg, opts...)
+	svc, err := sg.Service(cfg, opts...)
 	if err != nil {
 		return err
 	}
-	return sg.run(ctx, cfg.DB, cs)
-}
-
-func (sg *Saga[D]) run(ctx context.Context, pool *pgxpool.Pool, cs []*consumer.Consumer) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var (
@@ -92,10 +82,8 @@ func (sg *Saga[D]) run(ctx context.Context, pool *pgxpool.Pool, cs []*consumer.C
 		mu.Unlock()
 		cancel()
 	}
-	for _, c := range cs {
-		wg.Go(func() { fail(c.Run(ctx)) })
-	}
-	wg.Go(func() { fail(sg.RunTimeouts(ctx, pool)) })
+	wg.Go(func() { fail(svc.Run(ctx)) })
+	wg.Go(func() { fail(sg.RunTimeouts(ctx, cfg.DB)) })
 	wg.Wait()
 	return errors.Join(errs...)
 }
