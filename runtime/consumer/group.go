@@ -222,11 +222,16 @@ func (a *groupAdmin) describe(ctx context.Context, group string, topics []string
 	if err != nil {
 		return st, fmt.Errorf("offset fetch: %w", err)
 	}
-	if of.Error != nil {
+	// A group the coordinator does not know has no offsets (some brokers
+	// answer GroupIdNotFound rather than offsets of -1).
+	if of.Error != nil && !errors.Is(of.Error, kafka.GroupIdNotFound) {
 		return st, fmt.Errorf("offset fetch: %w", of.Error)
 	}
 	for t, ps := range of.Topics {
 		for _, p := range ps {
+			if errors.Is(p.Error, kafka.GroupIdNotFound) {
+				continue
+			}
 			if p.Error != nil {
 				return st, fmt.Errorf("offset fetch %s/%d: %w", t, p.Partition, p.Error)
 			}
