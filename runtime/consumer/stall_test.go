@@ -1,0 +1,236 @@
+package consumer
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/protoevents/protoevents/internal/kafkacluster"
+	"github.com/protoevents/protoevents/internal/testenv"
+)
+
+// Environment of TestRebalanceStall and its consumer processes.
+const (
+	// envStall runs the measurement: "1" measures the consumer's default
+	// group timeouts, "kafka-go" kafka-go's own defaults (heartbeat 3s,
+	// session 30s, rebalance 30s, join backoff 5s: the consumer's defaults
+	// before they were set), or "hb,session,rebalance" (Go durations).
+	envStall = "PROTOEVENTS_STALL"
+	// envStallKills sets the number of kills (default 8).
+	envStallKills = "PROTOEVENTS_STALL_KILLS"
+	// envStallChild marks a consumer process of the measurement and
+	// carries the timeouts to use.
+	envStallChild = "PROTOEVENTS_STALL_CHILD"
+)
+
+// stallTimeouts turns envStall's value into the child's options.
+func stallTimeouts(mode string) ([]Option, error) {
+	switch mode {
+	case "1", "default":
+		return nil, nil
+	case "kafka-go":
+		return []Option{func(c *Consumer) {
+			c.s.heartbeat, c.s.session, c.s.rebalance, c.s.joinBackoff = 3*time.Second, 30*time.Second, 30*time.Second, 5*time.Second
+		}}, nil
+	}
+	parts := strings.Split(mode, ",")
+	if len(parts) != 3 {
+		return nil, fmt.Errorf("%s=%q: want 1, kafka-go or heartbeat,session,rebalance", envStall, mode)
+	}
+	var d [3]time.Duration
+	for i, p := range parts {
+		var err error
+		if d[i], err = time.ParseDuration(p); err != nil {
+			return nil, fmt.Errorf("%s=%q: %w", envStall, mode, err)
+		}
+	}
+	return []Option{WithGroupTimeouts(d[0], d[1], d[2])}, nil
+}
+
+// TestStallHelperProcess is one consumer of TestRebalanceStall's group; it
+// does nothing in a normal test run.
+func TestStallHelperProcess(t *testing.T) {
+	mode := os.Getenv(envStallChild)
+	if mode == "" {
+		t.Skip("child process of TestRebalanceStall")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	cfg, err := pgxpool.ParseConfig(os.Getenv(envChildDB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(envChildSchema)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	b := &bundle{pool: pool, kafka: &kafkacluster.Cluster{Brokers: strings.Split(os.Getenv(envChildBrokers), ",")}, d: descriptorFor(os.Getenv(envChildTopic))}
+	opts, err := stallTimeouts(mode)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(Config{Name: "stall", Brokers: b.kafka.Brokers, DB: pool}, b.handler("stall", nil),
+		append([]Option{withMaxWait(50 * time.Millisecond), WithLogger(testLogger())}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRebalanceStall measures the longest stretch without progress of a
+// 3-process consumer group while one of its processes is killed (SIGKILL:
+// no LeaveGroup, its connections just drop) and restarted every 4.5s, with
+// events produced steadily at about 200/s on 6 partitions. Progress is an
+// event applied (the effects table stamps each row with clock_timestamp()).
+// It is a measurement, not a test: it runs only with PROTOEVENTS_STALL set
+// (`make stall`), logs the numbers, and fails only if an event is lost or
+// applied twice.
+func TestRebalanceStall(t *testing.T) {
+	mode := os.Getenv(envStall)
+	if mode == "" {
+		t.Skip("a measurement: set " + envStall + "=1 (or kafka-go, or hb,session,rebalance) to run it")
+	}
+	if _, err := stallTimeouts(mode); err != nil {
+		t.Fatal(err)
+	}
+	kills := 8
+	if s := os.Getenv(envStallKills); s != "" {
+		var err error
+		if kills, err = strconv.Atoi(s); err != nil || kills < 1 {
+			t.Fatalf("%s=%q: want a positive number", envStallKills, s)
+		}
+	}
+	// In-process Kafka with a real broker's group limits (session timeout
+	// 6s to 5min), so the timeouts measured are ones a real cluster takes.
+	b := setupOn(t, 6, testenv.FakeKafka(t))
+	if _, err := b.pool.Exec(context.Background(), `ALTER TABLE effects ADD COLUMN at timestamptz NOT NULL DEFAULT clock_timestamp()`); err != nil {
+		t.Fatal(err)
+	}
+
+	// Steady production until the kills are over.
+	var produced atomic.Int64
+	prodCtx, stopProducing := context.WithCancel(context.Background())
+	var prodWG sync.WaitGroup
+	prodWG.Go(func() {
+		w := &kafka.Writer{Addr: kafka.TCP(b.kafka.Brokers...), Topic: b.topic, Balancer: &kafka.Hash{},
+			RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
+		defer w.Close()
+		tick := time.NewTicker(10 * time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i += 2 {
+			select {
+			case <-prodCtx.Done():
+				return
+			case <-tick.C:
+			}
+			err := w.WriteMessages(context.Background(),
+				message(t, b.event(t, "key-"+strconv.Itoa(i%60), i), nil), message(t, b.event(t, "key-"+strconv.Itoa((i+1)%60), i+1), nil))
+			if err != nil {
+				t.Errorf("produce: %v", err)
+				return
+			}
+			produced.Add(2)
+		}
+	})
+	defer func() { stopProducing(); prodWG.Wait() }()
+
+	var logs lockedBuffer
+	spawn := func() *exec.Cmd {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestStallHelperProcess$", "-test.count=1")
+		cmd.Env = append(os.Environ(),
+			envStallChild+"="+mode,
+			envChildDB+"="+testenv.ServerURL(t),
+			envChildSchema+"="+b.schema,
+			envChildBrokers+"="+strings.Join(b.kafka.Brokers, ","),
+			envChildTopic+"="+b.topic,
+		)
+		cmd.Stdout, cmd.Stderr = &logs, &logs
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	kill := func(cmd *exec.Cmd) {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	}
+	procs := []*exec.Cmd{spawn(), spawn(), spawn()}
+	defer func() {
+		for _, p := range procs {
+			kill(p)
+		}
+	}()
+	b.waitGroup(t, "stall", "3 members holding the 6 partitions", func(st GroupStatus) bool {
+		held := 0
+		for _, p := range st.Partitions {
+			if p.Member != "" {
+				held++
+			}
+		}
+		return len(st.Members) == 3 && held == 6
+	})
+	b.effectsAtLeast(t, 1, 60*time.Second)
+
+	var from time.Time
+	if err := b.pool.QueryRow(context.Background(), `SELECT clock_timestamp()`).Scan(&from); err != nil {
+		t.Fatal(err)
+	}
+	for k := 0; k < kills; k++ {
+		time.Sleep(4500 * time.Millisecond) // the kill schedule of the measurement
+		i := rand.IntN(len(procs))
+		kill(procs[i])
+		procs[i] = spawn()
+	}
+	time.Sleep(4500 * time.Millisecond)
+	stopProducing()
+	prodWG.Wait()
+	total := produced.Load()
+	waitFor(t, 3*time.Minute, "every produced event applied", func() (bool, string) {
+		got := query(t, b.pool, `SELECT count(DISTINCT event_id) FROM effects`)
+		return got >= total, fmt.Sprintf("%d of %d\n%s", got, total, logs.String())
+	})
+	var to time.Time
+	if err := b.pool.QueryRow(context.Background(), `SELECT max(at) FROM effects`).Scan(&to); err != nil {
+		t.Fatal(err)
+	}
+
+	// The longest stretch without any event applied, and the longest a
+	// single partition went without one, between the first kill's window
+	// and the last event.
+	var groupGap, partGap float64
+	if err := b.pool.QueryRow(context.Background(), `
+		SELECT coalesce(max(extract(epoch FROM gap)), 0) FROM (
+			SELECT at - lag(at) OVER (ORDER BY at) AS gap FROM effects WHERE at >= $1) g`, from).Scan(&groupGap); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.pool.QueryRow(context.Background(), `
+		SELECT coalesce(max(extract(epoch FROM gap)), 0) FROM (
+			SELECT at - lag(at) OVER (PARTITION BY part ORDER BY at) AS gap FROM effects WHERE at >= $1) g`, from).Scan(&partGap); err != nil {
+		t.Fatal(err)
+	}
+	applied, distinct := query(t, b.pool, `SELECT count(*) FROM effects`), query(t, b.pool, `SELECT count(DISTINCT event_id) FROM effects`)
+	line := fmt.Sprintf("rebalance stall (%s=%s): %d kills every 4.5s over %s, %d events; longest stretch without progress: group %.1fs, one partition %.1fs",
+		envStall, mode, kills, to.Sub(from).Round(100*time.Millisecond), total, groupGap, partGap)
+	t.Log(line)
+	fmt.Println(line)
+	if applied != total || distinct != total {
+		t.Fatalf("%d effects of %d distinct events, want %d each", applied, distinct, total)
+	}
+}
