@@ -165,3 +165,30 @@ func TestGroupDescribeAndReset(t *testing.T) {
 		t.Fatalf("describe of a missing topic: %v, want ErrNoTopic", err)
 	}
 }
+
+// TestCleanShutdownLeavesGroup: a consumer that stops cleanly leaves its
+// group (kafka-go's ConsumerGroup.Close sends LeaveGroup) rather than
+// waiting out its session timeout, set to a minute here: the group has no
+// member as soon as Run returned, and a second consumer gets the partitions
+// with no wait.
+func TestCleanShutdownLeavesGroup(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 2)
+	b.produce(t, message(t, b.event(t, "a", 1), nil))
+	slowSession := WithGroupTimeouts(time.Second, time.Minute, 10*time.Second)
+	r := start(t, b.newConsumer(t, "leaver", b.handler("leaver", nil), slowSession))
+	b.effectsAtLeast(t, 1, 30*time.Second)
+	b.waitGroup(t, "leaver", "one member", func(st GroupStatus) bool { return len(st.Members) == 1 })
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if st := b.describe(t, "leaver"); len(st.Members) != 0 || st.State != "Empty" {
+		t.Fatalf("after a clean stop the group is %s with members %+v; want Empty (LeaveGroup sent)", st.State, st.Members)
+	}
+	r2 := start(t, b.newConsumer(t, "leaver", b.handler("leaver", nil), slowSession))
+	b.produce(t, message(t, b.event(t, "a", 2), nil))
+	b.effectsAtLeast(t, 2, 30*time.Second)
+	if err := r2.stop(); err != nil {
+		t.Fatal(err)
+	}
+}
