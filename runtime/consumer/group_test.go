@@ -192,3 +192,23 @@ func TestCleanShutdownLeavesGroup(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestGroupTimeoutDefaults: the group timeouts default to 1s/10s/10s, a
+// zero in WithGroupTimeouts keeps the default, and a heartbeat not below the
+// session timeout is refused with the fix.
+func TestGroupTimeoutDefaults(t *testing.T) {
+	s, err := settingsFrom(nil)
+	if err != nil || s.heartbeat != time.Second || s.session != 10*time.Second || s.rebalance != 10*time.Second || s.joinBackoff != time.Second {
+		t.Fatalf("defaults: heartbeat %v, session %v, rebalance %v, join backoff %v (%v)", s.heartbeat, s.session, s.rebalance, s.joinBackoff, err)
+	}
+	s, err = settingsFrom([]Option{WithGroupTimeouts(0, 30*time.Second, 0)})
+	if err != nil || s.heartbeat != time.Second || s.session != 30*time.Second || s.rebalance != 10*time.Second {
+		t.Fatalf("session only: heartbeat %v, session %v, rebalance %v (%v)", s.heartbeat, s.session, s.rebalance, err)
+	}
+	if _, err := settingsFrom([]Option{WithGroupTimeouts(10*time.Second, 0, 0)}); err == nil || !strings.Contains(err.Error(), "must be below the session timeout") {
+		t.Fatalf("heartbeat 10s with session 10s: %v", err)
+	}
+	if _, err := settingsFrom([]Option{WithGroupTimeouts(-time.Second, 0, 0)}); err == nil || !strings.Contains(err.Error(), "negative timeout") {
+		t.Fatalf("negative heartbeat: %v", err)
+	}
+}
