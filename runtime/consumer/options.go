@@ -29,11 +29,12 @@ const (
 	// DefaultRebalanceTimeout are the consumer-group timeouts (see
 	// WithGroupTimeouts and docs/design.md, "Rebalance defaults"): a killed
 	// member's partitions move after about 10s instead of kafka-go's 30s,
-	// live members notice a rebalance within a second, and the session
-	// stays above a broker's default group.min.session.timeout.ms (6s).
+	// live members notice a rebalance within a second, the session stays
+	// above a broker's default group.min.session.timeout.ms (6s), and live
+	// members keep 30s to finish in-flight work and rejoin.
 	DefaultHeartbeatInterval = time.Second
 	DefaultSessionTimeout    = 10 * time.Second
-	DefaultRebalanceTimeout  = 10 * time.Second
+	DefaultRebalanceTimeout  = 30 * time.Second
 	// DefaultJoinGroupBackoff is the wait before joining again after a
 	// failed join (kafka-go's default is 5s).
 	DefaultJoinGroupBackoff = time.Second
@@ -215,7 +216,7 @@ func WithStartFromLatest() Option {
 }
 
 // WithGroupTimeouts sets the consumer-group heartbeat interval, session
-// timeout and rebalance timeout; a zero keeps the default (1s, 10s, 10s:
+// timeout and rebalance timeout; a zero keeps the default (1s, 10s, 30s:
 // DefaultHeartbeatInterval and the others). The session timeout is how
 // long a consumer that died without leaving the group (killed, cut off)
 // keeps its partitions; the heartbeat interval how soon live members
