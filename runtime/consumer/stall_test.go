@@ -84,7 +84,8 @@ func TestStallHelperProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := New(Config{Name: "stall", Brokers: b.kafka.Brokers, DB: pool}, b.handler("stall", nil),
+	name := "stall-" + b.d.Topic
+	c, err := New(Config{Name: name, Brokers: b.kafka.Brokers, DB: pool}, b.handler(name, nil),
 		append([]Option{withMaxWait(50 * time.Millisecond), WithLogger(testLogger())}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -117,9 +118,11 @@ func TestRebalanceStall(t *testing.T) {
 			t.Fatalf("%s=%q: want a positive number", envStallKills, s)
 		}
 	}
-	// In-process Kafka with a real broker's group limits (session timeout
-	// 6s to 5min), so the timeouts measured are ones a real cluster takes.
-	b := setupOn(t, 6, testenv.FakeKafka(t))
+	// The real cluster named in PROTOEVENTS_KAFKA_BROKERS, else in-process
+	// Kafka with a real broker's group limits (session timeout 6s to 5min),
+	// so the timeouts measured are ones a real cluster takes.
+	b := setupOn(t, 6, testenv.Kafka(t))
+	group := "stall-" + b.topic
 	if _, err := b.pool.Exec(context.Background(), `ALTER TABLE effects ADD COLUMN at timestamptz NOT NULL DEFAULT clock_timestamp()`); err != nil {
 		t.Fatal(err)
 	}
@@ -179,7 +182,7 @@ func TestRebalanceStall(t *testing.T) {
 			}
 		}
 	}()
-	b.waitGroup(t, "stall", "3 members holding the 6 partitions", func(st GroupStatus) bool {
+	b.waitGroup(t, group, "3 members holding the 6 partitions", func(st GroupStatus) bool {
 		held := 0
 		for _, p := range st.Partitions {
 			if p.Member != "" {
@@ -250,7 +253,7 @@ func TestRebalanceStall(t *testing.T) {
 			break
 		}
 		if time.Now().After(deadline) {
-			st := b.describe(t, "stall")
+			st := b.describe(t, group)
 			t.Logf("kfake ghost members: not drained a minute after the last kill, group %s with %d members for 3 processes; restarting the group", st.State, len(st.Members))
 			for i, p := range procs {
 				_ = p.Process.Signal(syscall.SIGTERM)
@@ -258,7 +261,7 @@ func TestRebalanceStall(t *testing.T) {
 				procs[i] = nil
 			}
 			waitFor(t, 2*time.Minute, "the group to settle without members", func() (bool, string) {
-				st := b.describe(t, "stall")
+				st := b.describe(t, group)
 				return len(st.Members) == 0, fmt.Sprintf("%s, %d members", st.State, len(st.Members))
 			})
 			for i := range procs {
