@@ -193,16 +193,16 @@ func TestCleanShutdownLeavesGroup(t *testing.T) {
 	}
 }
 
-// TestGroupTimeoutDefaults: the group timeouts default to 1s/10s/30s, a
+// TestGroupTimeoutDefaults: the group timeouts default to 1s/10s/10s, a
 // zero in WithGroupTimeouts keeps the default, and a heartbeat not below the
 // session timeout is refused with the fix.
 func TestGroupTimeoutDefaults(t *testing.T) {
 	s, err := settingsFrom(nil)
-	if err != nil || s.heartbeat != time.Second || s.session != 10*time.Second || s.rebalance != 30*time.Second || s.joinBackoff != time.Second {
+	if err != nil || s.heartbeat != time.Second || s.session != 10*time.Second || s.rebalance != 10*time.Second || s.joinBackoff != time.Second {
 		t.Fatalf("defaults: heartbeat %v, session %v, rebalance %v, join backoff %v (%v)", s.heartbeat, s.session, s.rebalance, s.joinBackoff, err)
 	}
 	s, err = settingsFrom([]Option{WithGroupTimeouts(0, 20*time.Second, 0)})
-	if err != nil || s.heartbeat != time.Second || s.session != 20*time.Second || s.rebalance != 30*time.Second {
+	if err != nil || s.heartbeat != time.Second || s.session != 20*time.Second || s.rebalance != 10*time.Second {
 		t.Fatalf("session only: heartbeat %v, session %v, rebalance %v (%v)", s.heartbeat, s.session, s.rebalance, err)
 	}
 	if _, err := settingsFrom([]Option{WithGroupTimeouts(10*time.Second, 0, 0)}); err == nil || !strings.Contains(err.Error(), "must be below the session timeout") {

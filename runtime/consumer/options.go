@@ -30,11 +30,12 @@ const (
 	// WithGroupTimeouts and docs/design.md, "Rebalance defaults"): a killed
 	// member's partitions move after about 10s instead of kafka-go's 30s,
 	// live members notice a rebalance within a second, the session stays
-	// above a broker's default group.min.session.timeout.ms (6s), and live
-	// members keep 30s to finish in-flight work and rejoin.
+	// above a broker's default group.min.session.timeout.ms (6s), and a
+	// member that cannot rejoin within 10s (a handler ignoring its
+	// context) holds up the others' rebalance for no longer than that.
 	DefaultHeartbeatInterval = time.Second
 	DefaultSessionTimeout    = 10 * time.Second
-	DefaultRebalanceTimeout  = 30 * time.Second
+	DefaultRebalanceTimeout  = 10 * time.Second
 	// DefaultJoinGroupBackoff is the wait before joining again after a
 	// failed join (kafka-go's default is 5s).
 	DefaultJoinGroupBackoff = time.Second
@@ -216,7 +217,7 @@ func WithStartFromLatest() Option {
 }
 
 // WithGroupTimeouts sets the consumer-group heartbeat interval, session
-// timeout and rebalance timeout; a zero keeps the default (1s, 10s, 30s:
+// timeout and rebalance timeout; a zero keeps the default (1s, 10s, 10s:
 // DefaultHeartbeatInterval and the others). The session timeout is how
 // long a consumer that died without leaving the group (killed, cut off)
 // keeps its partitions; the heartbeat interval how soon live members
