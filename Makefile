@@ -56,5 +56,11 @@ demo: $(BUF)
 bench:
 	$(GO) run ./internal/benchreport -count 5
 
+.PHONY: stall
+
+## stall: the longest stretch without progress of a 3-process consumer group under a kill every 4.5s (about 2 minutes)
+stall:
+	PROTOEVENTS_STALL=1 $(GO) test ./runtime/consumer/ -run '^TestRebalanceStall$$' -count=1 -v -timeout 10m | grep -E '^(rebalance stall|--- |ok|FAIL)'
+
 clean:
 	rm -rf $(BIN)

@@ -2,11 +2,13 @@
 // schema, runs the outbox relay as a process, provisions and checks the
 // event topics from events.lock, reports the outbox's backlog per topic,
 // retries, parks or drops stuck outbox rows, lists, shows and redrives
-// dead-lettered messages, prunes the dedup table and checks event schemas
+// dead-lettered messages, shows a consumer group's lag and resets its
+// offsets for a replay, prunes the dedup table and checks event schemas
 // for breaking changes.
 //
 // Exit codes are the same for every command: 0 success, 1 a check failed
-// (outbox status --max-age, topics check, compat), 2 usage error, 3 a
+// (outbox status --max-age, consumer status --max-lag/--max-age, topics
+// check, compat), 2 usage error, 3 a
 // dependency (Postgres, Kafka) unreachable or timed out, 4 any other
 // failure. compat keeps its own 0/1/2 (2: inputs unreadable).
 //
@@ -46,6 +48,7 @@ var commands = []command{
 	{"topics", "create or check event topics and their DLQ topics (from events.lock)", runTopics},
 	{"outbox", "outbox status per topic; list, retry, park or drop stuck rows", runOutbox},
 	{"dlq", "dead-letter queues: list, show and redrive messages", runDLQ},
+	{"consumer", "consumer groups: status (members, lag, oldest unprocessed) and reset for a replay", runConsumer},
 	{"saga", "sagas: list, show (the path taken) and retry parked ones", runSaga},
 	{"prune", "delete dedup rows older than the retention", runPrune},
 	{"compat", "check event schemas for breaking changes against a baseline", runCompat},

@@ -3,7 +3,9 @@ package consumer
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"math/rand/v2"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -85,7 +87,9 @@ func (l *lockedBuffer) String() string {
 // TestCrashKill kills the consumer process (SIGKILL) at random points while
 // it works through 5,000 events on 3 partitions, restarting it each time:
 // in the end every event is applied exactly once. Kafka (kfake) lives in
-// this process, so it survives its consumers.
+// this process, so it survives its consumers. Each kill waits for progress
+// and freezes the consumer before killing it (see killAt), so the test
+// proves its kills land mid-stream on a loaded machine as on an idle one.
 func TestCrashKill(t *testing.T) {
 	if testing.Short() {
 		t.Skip("kills child processes; skipped with -short")
@@ -109,7 +113,7 @@ func TestCrashKill(t *testing.T) {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
 		cmd.Env = append(os.Environ(),
 			envChild+"=1",
-			envChildDB+"="+testenv.ServerURL(t),
+			envChildDB+"="+withAppName(t, testenv.ServerURL(t), childApp(b.schema)),
 			envChildSchema+"="+b.schema,
 			envChildBrokers+"="+strings.Join(b.kafka.Brokers, ","),
 			envChildTopic+"="+b.topic,
@@ -118,6 +122,7 @@ func TestCrashKill(t *testing.T) {
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
+		t.Cleanup(func() { _ = cmd.Process.Kill() })
 		return cmd
 	}
 	kill := func(cmd *exec.Cmd) {
@@ -126,34 +131,80 @@ func TestCrashKill(t *testing.T) {
 	}
 	applied := func() int64 { return query(t, b.pool, `SELECT count(*) FROM effects`) }
 
-	// Each round kills the consumer once it has applied a random number of
-	// further events (or after 20s), so kills land at random points of the
-	// stream however fast the machine is. A kill counts when the consumer
-	// made progress and still had work left.
+	// A gate freezes the consumer at a given count, whatever the machine's
+	// speed: once effects has cap rows, every further insert waits for an
+	// advisory lock the test holds. Each round sets a random cap above the
+	// last kill, waits until the consumer reached it (progress after the
+	// restart), and kills it while it is frozen: the kill lands at that
+	// count, mid-stream, inside open transactions (rolled back), with the
+	// offsets of the events applied since the consumer's last offset commit
+	// uncommitted (redelivered and skipped by the dedup table).
+	gateKey := "crash-gate-" + b.schema
+	if _, err := b.pool.Exec(context.Background(), `
+		CREATE TABLE gate (cap bigint NOT NULL, key text NOT NULL);
+		INSERT INTO gate VALUES (0, '`+gateKey+`');
+		CREATE FUNCTION gate_effects() RETURNS trigger LANGUAGE plpgsql AS $$
+		BEGIN
+			IF (SELECT count(*) FROM effects) >= (SELECT cap FROM gate) THEN
+				PERFORM pg_advisory_xact_lock_shared(hashtext((SELECT key FROM gate)));
+			END IF;
+			RETURN NEW;
+		END $$;
+		CREATE TRIGGER gate BEFORE INSERT ON effects FOR EACH ROW EXECUTE FUNCTION gate_effects();`); err != nil {
+		t.Fatal(err)
+	}
+	gateConn, err := b.pool.Acquire(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gateConn.Release()
+	if _, err := gateConn.Exec(context.Background(), `SELECT pg_advisory_lock(hashtext($1))`, gateKey); err != nil {
+		t.Fatal(err)
+	}
+	openGate := func() {
+		if _, err := b.pool.Exec(context.Background(), `UPDATE gate SET cap = 9223372036854775807`); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := gateConn.Exec(context.Background(), `SELECT pg_advisory_unlock(hashtext($1))`, gateKey); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// killFrozen kills the frozen child and ends its database sessions,
+	// whose transactions wait at the gate and would otherwise hold their
+	// dedup rows' locks against the next consumer.
+	killFrozen := func(cmd *exec.Cmd) {
+		kill(cmd)
+		waitFor(t, time.Minute, "the killed consumer's sessions to end", func() (bool, string) {
+			n := query(t, b.pool, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1) x`, childApp(b.schema))
+			return n == 0, fmt.Sprintf("%d sessions left", n)
+		})
+	}
 	midStream, prev := 0, int64(0)
 	for round := 0; round < 5; round++ {
 		target := prev + 1 + int64(rand.IntN(800))
-		cmd := spawn()
-		for deadline := time.Now().Add(20 * time.Second); applied() < target && time.Now().Before(deadline); {
-			time.Sleep(time.Duration(1+rand.IntN(3)) * time.Millisecond)
+		if _, err := b.pool.Exec(context.Background(), `UPDATE gate SET cap = $1`, target); err != nil {
+			t.Fatal(err)
 		}
-		kill(cmd)
+		cmd := spawn()
+		waitFor(t, 3*time.Minute, fmt.Sprintf("consumer %d to apply events up to %d (progress after the restart)", round+1, target), func() (bool, string) {
+			got := applied()
+			return got >= target, fmt.Sprintf("%d applied\n%s", got, logs.String())
+		})
+		killFrozen(cmd)
 		got := applied()
-		t.Logf("killed consumer %d with %d/%d events applied (aimed at %d)", round+1, got, n, target)
+		t.Logf("killed consumer %d with %d/%d events applied (frozen at %d)", round+1, got, n, target)
 		if got > prev && got < n {
 			midStream++
 		}
 		prev = got
-		if got >= n {
-			break
-		}
 	}
 	if midStream < 3 {
 		t.Fatalf("only %d kills landed mid-stream; the test proved nothing\n%s", midStream, logs.String())
 	}
+	openGate()
 	cmd := spawn()
 	defer kill(cmd)
-	waitFor(t, 60*time.Second, "all events applied", func() (bool, string) {
+	waitFor(t, 3*time.Minute, "all events applied", func() (bool, string) {
 		got := query(t, b.pool, `SELECT count(DISTINCT event_id) FROM effects`)
 		return got >= n, strconv.FormatInt(got, 10) + " applied\n" + logs.String()
 	})
@@ -173,4 +224,20 @@ func TestCrashKill(t *testing.T) {
 	if redelivered == 0 {
 		t.Fatal("no kill landed between a DB commit and its offset commit; dedup was never exercised")
 	}
+}
+
+// childApp is the application_name of TestCrashKill's consumer sessions.
+func childApp(schema string) string { return "crash-child-" + schema }
+
+// withAppName sets application_name in a Postgres URL.
+func withAppName(t testing.TB, raw, app string) string {
+	t.Helper()
+	u, err := url.Parse(raw)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("application_name", app)
+	u.RawQuery = q.Encode()
+	return u.String()
 }

@@ -25,6 +25,20 @@ const (
 	// DefaultAttemptTimeout bounds one attempt: dedup insert, handler and
 	// commit, so a stuck handler cannot hold its partition forever.
 	DefaultAttemptTimeout = time.Minute
+	// DefaultHeartbeatInterval, DefaultSessionTimeout and
+	// DefaultRebalanceTimeout are the consumer-group timeouts (see
+	// WithGroupTimeouts and docs/design.md, "Rebalance defaults"): a killed
+	// member's partitions move after about 10s instead of kafka-go's 30s,
+	// live members notice a rebalance within a second, the session stays
+	// above a broker's default group.min.session.timeout.ms (6s), and a
+	// member that cannot rejoin within 10s (a handler ignoring its
+	// context) holds up the others' rebalance for no longer than that.
+	DefaultHeartbeatInterval = time.Second
+	DefaultSessionTimeout    = 10 * time.Second
+	DefaultRebalanceTimeout  = 10 * time.Second
+	// DefaultJoinGroupBackoff is the wait before joining again after a
+	// failed join (kafka-go's default is 5s).
+	DefaultJoinGroupBackoff = time.Second
 )
 
 // settings are the optional knobs, shared by New, Migrate and Prune.
@@ -76,6 +90,10 @@ func defaultSettings() settings {
 		maxErrorBytes:  DefaultMaxErrorBytes,
 		attemptTimeout: DefaultAttemptTimeout,
 		maxWait:        250 * time.Millisecond,
+		heartbeat:      DefaultHeartbeatInterval,
+		session:        DefaultSessionTimeout,
+		rebalance:      DefaultRebalanceTimeout,
+		joinBackoff:    DefaultJoinGroupBackoff,
 		dialer:         kafka.DefaultDialer,
 		tracer:         otel.GetTracerProvider().Tracer(tracerName),
 		svcSettings:    defaultSvcSettings(),
@@ -202,18 +220,34 @@ func WithStartFromLatest() Option {
 }
 
 // WithGroupTimeouts sets the consumer-group heartbeat interval, session
-// timeout and rebalance timeout (kafka-go defaults 3s, 30s, 30s when zero).
-// Shorter values make a dead consumer's partitions move sooner; the broker
-// bounds the session timeout (group.min.session.timeout.ms).
+// timeout and rebalance timeout; a zero keeps the default (1s, 10s, 10s:
+// DefaultHeartbeatInterval and the others). The session timeout is how
+// long a consumer that died without leaving the group (killed, cut off)
+// keeps its partitions; the heartbeat interval how soon live members
+// notice a rebalance; the rebalance timeout how long the group waits for
+// members to rejoin. The broker bounds the session timeout
+// (group.min.session.timeout.ms, default 6s, to
+// group.max.session.timeout.ms); keep the heartbeat at a third of it or
+// less. The wait before joining again after a failed join follows the
+// heartbeat interval. A clean shutdown leaves the group at once whatever
+// the timeouts.
 func WithGroupTimeouts(heartbeat, session, rebalance time.Duration) Option {
 	return func(c *Consumer) {
 		if heartbeat < 0 || session < 0 || rebalance < 0 {
-			c.s.fail("negative group timeout")
+			c.s.fail("WithGroupTimeouts: negative timeout (heartbeat %v, session %v, rebalance %v)", heartbeat, session, rebalance)
 			return
 		}
-		c.s.heartbeat, c.s.session, c.s.rebalance = heartbeat, session, rebalance
 		if heartbeat > 0 {
-			c.s.joinBackoff = heartbeat
+			c.s.heartbeat, c.s.joinBackoff = heartbeat, heartbeat
+		}
+		if session > 0 {
+			c.s.session = session
+		}
+		if rebalance > 0 {
+			c.s.rebalance = rebalance
+		}
+		if c.s.heartbeat >= c.s.session {
+			c.s.fail("WithGroupTimeouts: heartbeat interval %v must be below the session timeout %v (a third of it or less)", c.s.heartbeat, c.s.session)
 		}
 	}
 }
