@@ -132,11 +132,13 @@ func TestCrashKill(t *testing.T) {
 	applied := func() int64 { return query(t, b.pool, `SELECT count(*) FROM effects`) }
 
 	// A gate freezes the consumer at a given count, whatever the machine's
-	// speed: once effects has cap rows, every further insert waits for an
-	// advisory lock the test holds. Each round sets a random cap above the
-	// last kill, waits until the consumer reached it (progress after the
-	// restart), and kills it while it is frozen: the kill lands at that
-	// count, mid-stream, inside open transactions (rolled back), with the
+	// speed: once effects has cap rows (as a transaction sees them: the
+	// committed ones and its own batch's), every further insert waits for
+	// an advisory lock the test holds. Each round sets a random cap above
+	// the last kill, waits until the consumer committed more (progress
+	// after the restart) and a transaction of it waits at the gate, and
+	// kills it there: the kill lands mid-stream, inside open transactions
+	// (rolled back), with the
 	// offsets of the events applied since the consumer's last offset commit
 	// uncommitted (redelivered and skipped by the dedup table).
 	gateKey := "crash-gate-" + b.schema
@@ -179,16 +181,24 @@ func TestCrashKill(t *testing.T) {
 			return n == 0, fmt.Sprintf("%d sessions left", n)
 		})
 	}
+	// gateWaiters counts the child's sessions waiting at the gate.
+	gateWaiters := func() int64 {
+		return query(t, b.pool, `SELECT count(*) FROM pg_locks l JOIN pg_stat_activity a USING (pid)
+			WHERE l.locktype = 'advisory' AND NOT l.granted AND a.application_name = $1`, childApp(b.schema))
+	}
 	midStream, prev := 0, int64(0)
 	for round := 0; round < 5; round++ {
-		target := prev + 1 + int64(rand.IntN(800))
+		// The trigger counts the committed rows and its own transaction's:
+		// a batch of up to DefaultMaxBatch rows must fit under the cap for
+		// the consumer to commit anything before it freezes.
+		target := prev + 2*DefaultMaxBatch + int64(rand.IntN(800))
 		if _, err := b.pool.Exec(context.Background(), `UPDATE gate SET cap = $1`, target); err != nil {
 			t.Fatal(err)
 		}
 		cmd := spawn()
-		waitFor(t, 3*time.Minute, fmt.Sprintf("consumer %d to apply events up to %d (progress after the restart)", round+1, target), func() (bool, string) {
+		waitFor(t, 3*time.Minute, fmt.Sprintf("consumer %d to apply events past %d and reach the gate at %d", round+1, prev, target), func() (bool, string) {
 			got := applied()
-			return got >= target, fmt.Sprintf("%d applied\n%s", got, logs.String())
+			return got > prev && gateWaiters() > 0, fmt.Sprintf("%d applied\n%s", got, logs.String())
 		})
 		killFrozen(cmd)
 		got := applied()
