@@ -30,6 +30,7 @@ type Cluster struct {
 	dir  string
 	bin  string
 	cred *syscall.Credential
+	opts string // server options of the running port, for Resume
 }
 
 // binDir finds the directory holding initdb: $PG_BIN, then PATH, then the
@@ -115,6 +116,7 @@ func Start(ctx context.Context) (*Cluster, error) {
 		opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200", port, dir)
 		lastErr = c.run(ctx, "pg_ctl", "-D", data, "-l", filepath.Join(dir, "log"), "-o", opts, "-w", "-t", "60", "start")
 		if lastErr == nil {
+			c.opts = opts
 			c.URL = fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
 			if err := c.ping(ctx); err != nil {
 				c.Stop()
@@ -151,6 +153,24 @@ func (c *Cluster) run(ctx context.Context, name string, args ...string) error {
 		return fmt.Errorf("pgcluster: %s: %w: %s", name, err, bytes.TrimSpace(out.Bytes()))
 	}
 	return nil
+}
+
+// Halt shuts the server down (cleanly: committed data survives, although
+// the cluster runs with fsync off) but keeps its files: Resume starts it
+// again on the same port, so tests can simulate a database outage (or a
+// database that comes up after its clients).
+func (c *Cluster) Halt() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return c.run(ctx, "pg_ctl", "-D", filepath.Join(c.dir, "data"), "-m", "fast", "-w", "stop")
+}
+
+// Resume starts a halted server again, on the same port and URL.
+func (c *Cluster) Resume(ctx context.Context) error {
+	if err := c.run(ctx, "pg_ctl", "-D", filepath.Join(c.dir, "data"), "-l", filepath.Join(c.dir, "log"), "-o", c.opts, "-w", "-t", "60", "start"); err != nil {
+		return err
+	}
+	return c.ping(ctx)
 }
 
 // Stop shuts the server down immediately and deletes its files.
