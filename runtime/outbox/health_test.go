@@ -56,7 +56,7 @@ func serve(h http.Handler) (int, string) {
 
 func waitHealth(t *testing.T, r *Relay, what string, ok func(Health) bool) Health {
 	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
+	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		h := r.Health()
 		if ok(h) {

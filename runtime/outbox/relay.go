@@ -674,8 +674,11 @@ func (l *loop) pump(ctx context.Context) (int, error) {
 	if len(l.s.owned) == 0 {
 		return 0, nil
 	}
-	cur, err := l.claim(ctx, nil)
-	if err != nil || len(cur) == 0 {
+	// The claims run under the grace context: canceling a query makes pgx
+	// close the connection, which would also lose the marks of the batch
+	// in flight. ctx is checked between the steps instead.
+	cur, err := l.claim(l.grace, nil)
+	if err != nil || len(cur) == 0 || ctx.Err() != nil {
 		return 0, err
 	}
 	total := 0
@@ -694,7 +697,7 @@ func (l *loop) pump(ctx context.Context) (int, error) {
 		total += n
 		prev = nil
 		if dberr == nil && ctx.Err() == nil && !l.due() {
-			next, dberr = l.claim(ctx, cur)
+			next, dberr = l.claim(l.grace, cur)
 		}
 		<-fl.done
 		out := l.judge(fl)

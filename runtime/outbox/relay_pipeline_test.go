@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kmsg"
 )
 
@@ -30,11 +31,11 @@ func TestRelayClaimsNextBatchWhileOneIsInFlight(t *testing.T) {
 		select {
 		case <-claimedAhead:
 			sawAhead.Store(true)
-		case <-time.After(8 * time.Second):
+		case <-time.After(60 * time.Second):
 		}
 		return nil, nil, false
 	})
-	b.startRelay(t, WithHooks(Hooks{AfterClaim: func(context.Context, []Row) {
+	b.startRelay(t, WithKafkaWriter(func(w *kafka.Writer) { w.WriteTimeout = 2 * time.Minute }), WithHooks(Hooks{AfterClaim: func(context.Context, []Row) {
 		if claims.Add(1) == 2 && inFlight.Load() {
 			close(claimedAhead)
 		}

@@ -48,7 +48,7 @@ func TestRelaySpansLinkProducers(t *testing.T) {
 	b.startRelay(t, WithTracerProvider(tp))
 	b.waitDrained(t, 60*time.Second)
 
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(2 * time.Minute)
 	for {
 		linked, messages, batches := map[trace.SpanID]bool{}, 0, 0
 		for _, s := range rec.Ended() {

@@ -116,7 +116,7 @@ func commitBehindStuckCommit(ctx context.Context, t *testing.T, pool *pgxpool.Po
 			t.Fatal(err)
 		}
 		// The reload reaches each backend a moment later: wait for it.
-		deadline := time.Now().Add(60 * time.Second)
+		deadline := time.Now().Add(2 * time.Minute)
 		for {
 			var standby string
 			if err := conn.QueryRow(ctx, `SHOW synchronous_standby_names`).Scan(&standby); err != nil {
@@ -149,7 +149,7 @@ func commitBehindStuckCommit(ctx context.Context, t *testing.T, pool *pgxpool.Po
 	}
 	waitFor := func(what string, ok func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(60 * time.Second)
+		deadline := time.Now().Add(2 * time.Minute)
 		for !ok() {
 			if time.Now().After(deadline) {
 				t.Fatalf("timed out waiting for %s", what)
