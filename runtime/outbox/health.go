@@ -183,8 +183,9 @@ func (h *healthState) progress() {
 }
 
 // set records a dependency's state and returns how long it had been
-// unreachable when it is reachable again (0 otherwise).
-func (h *healthState) set(dep string, err error) (recoveredAfter time.Duration) {
+// unreachable when it is reachable again (0 otherwise), and whether it just
+// went from reachable to unreachable.
+func (h *healthState) set(dep string, err error) (recoveredAfter time.Duration, wentDown bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	d := &h.db
@@ -197,6 +198,7 @@ func (h *healthState) set(dep string, err error) (recoveredAfter time.Duration) 
 		if ok && !d.Checked.IsZero() {
 			recoveredAfter = now.Sub(d.Since)
 		}
+		wentDown = !ok && d.Reachable
 		d.Since = now
 	}
 	d.Checked, d.Reachable = now, ok
@@ -204,7 +206,7 @@ func (h *healthState) set(dep string, err error) (recoveredAfter time.Duration) 
 	if err != nil {
 		d.Error = err.Error()
 	}
-	return recoveredAfter
+	return recoveredAfter, wentDown
 }
 
 func (h *healthState) snapshot(cfg relayConfig) Health {
@@ -322,8 +324,13 @@ func wrapProbe(dep string, err error) error {
 // dep records a dependency's state; a recovery is logged with how long the
 // outage lasted.
 func (r *Relay) dep(dep string, err error) {
-	after := r.health.set(dep, err)
+	after, wentDown := r.health.set(dep, err)
 	if err != nil {
+		if wentDown {
+			// The first failure after a reachable spell; the retries that
+			// follow are logged (folded) by whoever retries.
+			r.log.Warn("outbox relay: "+dep+" unreachable", "err", err)
+		}
 		return
 	}
 	if after > 0 {
