@@ -127,6 +127,9 @@ func serveHealth(w http.ResponseWriter, h Health, ok bool) {
 const (
 	depDatabase = "database"
 	depKafka    = "kafka"
+	// depPublish folds per-row publish failures (a missing topic, a
+	// refused key), which the brokers answering does not end.
+	depPublish = "publish"
 )
 
 // healthState is what Health reads; the Run goroutines write it.
@@ -245,10 +248,12 @@ func (h *healthState) snapshot(cfg relayConfig) Health {
 }
 
 // liveTimeout is how long the loop may go without coming round before the
-// relay counts as hung: longer than its longest wait (a backoff, a produce
-// with its retries, a database call until keepalives give up).
+// relay counts as hung: longer than its longest wait (a backoff, an idle
+// wait until the next periodic task, a produce with its retries, a database
+// call until keepalives give up).
 func (c relayConfig) liveTimeout() time.Duration {
-	return 2*c.backoffMax + 2*time.Minute
+	idle := max(c.pollInterval, c.rebalanceInterval, c.cleanupInterval)
+	return 2*c.backoffMax + idle + 2*time.Minute
 }
 
 // probe checks the database and the brokers every health interval until ctx
@@ -419,13 +424,6 @@ func dbErr(err error) error {
 		return nil
 	}
 	return &depError{dep: depDatabase, err: err}
-}
-
-func kafkaErr(err error) error {
-	if err == nil {
-		return nil
-	}
-	return &depError{dep: depKafka, err: err}
 }
 
 // depOf returns the dependency err came from ("" if unknown).

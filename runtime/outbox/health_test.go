@@ -3,6 +3,7 @@ package outbox
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"net/http"
@@ -222,5 +223,72 @@ func TestRelayStartedBeforePostgres(t *testing.T) {
 	stop()
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)
+	}
+}
+
+// TestRelayNotReadyWithoutProgress: rows for a topic that does not exist
+// sit pending with nothing published; past the stall timeout the relay is
+// live but not ready, saying why, and ready again once the topic exists and
+// the rows go out.
+func TestRelayNotReadyWithoutProgress(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, true, 1)
+	missing := missingTopic(b)
+	evs, want := sequence(missing.d, 10, 2)
+	b.write(t, evs)
+	r, err := NewRelay(b.pool, b.brokers, WithLogger(quietLogger()), WithHealthInterval(20*time.Millisecond),
+		WithStallTimeout(300*time.Millisecond), WithBackoff(10*time.Millisecond, 100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	go func() { done <- r.Run(runCtx) }()
+	h := waitHealth(t, r, "the stall to be reported", func(h Health) bool { return !h.Ready && h.Live && h.OldestPending > 300*time.Millisecond })
+	if !h.Database.Reachable || !h.Kafka.Reachable || len(h.Problems) != 1 || !strings.Contains(h.Problems[0], "no progress for") {
+		t.Fatalf("want exactly the stall as the problem:\n%s", h)
+	}
+	if code, body := serve(r.ReadyHandler()); code != http.StatusServiceUnavailable || !strings.Contains(body, "no progress for") {
+		t.Fatalf("/readyz: %d\n%s", code, body)
+	}
+	if err := b.kafka.CreateTopics(ctx, missing.parts, missing.topic); err != nil {
+		t.Fatal(err)
+	}
+	b.waitDrained(t, time.Minute)
+	waitHealth(t, r, "readiness after the rows went out", func(h Health) bool { return h.Ready })
+	checkDelivery(t, missing.readAll(t), want)
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("Run: %v", err)
+	}
+}
+
+// TestFolderLogsRepeatsOnce: an error repeated within the log interval is
+// logged once; the recovery reports how many repeats went unlogged and
+// forgets them, so the next outage is logged again.
+func TestFolderLogsRepeatsOnce(t *testing.T) {
+	t.Parallel()
+	logs := &syncBuffer{}
+	f := folder{log: slog.New(slog.NewTextHandler(logs, nil)), every: time.Hour}
+	err := errors.New("dial tcp 127.0.0.1:5432: connect: connection refused")
+	for range 5 {
+		f.warn(depDatabase, "outbox relay: retrying", err)
+	}
+	f.warn(depKafka, "outbox relay: retrying", errors.New("broker down"))
+	if n := strings.Count(logs.String(), "connection refused"); n != 1 {
+		t.Fatalf("logged %d times, want once:\n%s", n, logs)
+	}
+	f.recovered(depDatabase)
+	if !strings.Contains(logs.String(), "outbox relay: retrying: 4 more times until it recovered") {
+		t.Fatalf("no repeat count on recovery:\n%s", logs)
+	}
+	f.warn(depDatabase, "outbox relay: retrying", err)
+	if n := strings.Count(logs.String(), `err="dial tcp`); n != 2 {
+		t.Fatalf("a new outage after the recovery was not logged (%d lines):\n%s", n, logs)
+	}
+	if n := strings.Count(logs.String(), "broker down"); n != 1 {
+		t.Fatalf("another dependency's error was forgotten or repeated (%d lines):\n%s", n, logs)
 	}
 }

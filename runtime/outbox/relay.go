@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -474,7 +475,7 @@ func (l *loop) failed(ctx context.Context, err error) {
 		return
 	}
 	dep := depOf(err)
-	if dep != "" {
+	if dep == depDatabase || dep == depKafka {
 		l.r.dep(dep, err)
 	}
 	d := l.bo.next()
@@ -487,22 +488,54 @@ func (l *loop) failed(ctx context.Context, err error) {
 
 // report records a failure that needs no pause.
 func (l *loop) report(err error) {
-	l.r.folds.warn(depKafka, "outbox relay: partial failure; failing keys and topics parked", err, "parked_keys", len(l.parked), "parked_topics", len(l.parkedTopics))
+	l.r.folds.warn(depPublish, "outbox relay: partial failure; failing keys and topics parked", err, "parked_keys", len(l.parked), "parked_topics", len(l.parkedTopics))
 	if f := l.r.cfg.metrics.PublishFailed; f != nil {
 		f(err)
 	}
 }
 
-// partialError is a publish in which some rows failed; acked counts those
-// the broker took, topics the topics parked because of it.
-type partialError struct {
-	acked  int
-	topics int
-	err    error
+// publishError is a publish in which rows failed. Its text sums the
+// per-message errors up (each distinct error once, with its row count and
+// topics) where kafka.WriteErrors repeats one text per message.
+type publishError struct{ out *outcome }
+
+func (e *publishError) Error() string {
+	out := e.out
+	var werrs kafka.WriteErrors
+	if !errors.As(out.pubErr, &werrs) || len(werrs) != len(out.batch) {
+		return fmt.Sprintf("outbox: relay: publish %d rows: %v", len(out.batch), out.pubErr)
+	}
+	type group struct {
+		rows   int
+		topics []string
+	}
+	var order []string
+	groups := map[string]*group{}
+	for i, err := range werrs {
+		if err == nil {
+			continue
+		}
+		text := err.Error()
+		g := groups[text]
+		if g == nil {
+			g = &group{}
+			groups[text] = g
+			order = append(order, text)
+		}
+		g.rows++
+		if t := out.batch[i].Topic; !slices.Contains(g.topics, t) {
+			g.topics = append(g.topics, t)
+		}
+	}
+	parts := make([]string, len(order))
+	for i, text := range order {
+		g := groups[text]
+		parts[i] = fmt.Sprintf("%s (%d rows, topics %q)", text, g.rows, g.topics)
+	}
+	return fmt.Sprintf("outbox: relay: publish: %d of %d rows failed: %s", len(out.failed), len(out.batch), strings.Join(parts, "; "))
 }
 
-func (e *partialError) Error() string { return e.err.Error() }
-func (e *partialError) Unwrap() error { return e.err }
+func (e *publishError) Unwrap() error { return e.out.pubErr }
 
 type topicKey struct{ topic, key string }
 
@@ -715,10 +748,17 @@ func (l *loop) pump(ctx context.Context) (int, error) {
 		}
 		if out.wholeCallError {
 			n, serr := l.settle(out)
-			return total + n, errors.Join(kafkaErr(out.pubErr), serr)
+			perr := error(&depError{dep: depKafka, err: &publishError{out: out}})
+			var werrs kafka.WriteErrors
+			if errors.As(out.pubErr, &werrs) {
+				// The brokers answered, refusing every row: they are
+				// reachable, the rows are the problem.
+				perr = &depError{dep: depPublish, err: &publishError{out: out}}
+			}
+			return total + n, errors.Join(perr, serr)
 		}
 		if out.pubErr != nil {
-			l.report(fmt.Errorf("outbox: relay: publish %d of %d rows failed: %w", len(out.failed), len(out.batch), out.pubErr))
+			l.report(&publishError{out: out})
 		}
 		prev = out
 		if ctx.Err() != nil {
@@ -795,6 +835,9 @@ func (l *loop) judge(fl *flight) *outcome {
 	}
 	if len(out.acked) > 0 {
 		l.r.dep(depKafka, nil)
+	}
+	if fl.err == nil {
+		l.r.folds.recovered(depPublish)
 	}
 	if len(l.parked) > 0 && len(out.acked) > 0 {
 		// Keys that got through are no longer parked.
@@ -1030,6 +1073,7 @@ func (l *loop) cleanup(ctx context.Context) {
 	secs := l.r.cfg.retention.Seconds()
 	total := int64(0)
 	for ctx.Err() == nil {
+		l.r.health.alive()
 		tag, err := l.s.conn.Exec(ctx, l.q.cleanup, secs, l.r.cfg.cleanupBatch)
 		if err != nil {
 			if ctx.Err() == nil {
