@@ -356,6 +356,9 @@ type loop struct {
 	// until the topic's own backoff ends, so they cannot fill the head of
 	// the lanes and hold up the other topics.
 	parkedTopics map[string]*parkedKey
+	// parkResets counts the times parking was forgotten: a pipeline (whose
+	// claims skip every parked key) must then start again from the head.
+	parkResets int
 
 	nextRebalance, nextCleanup, nextStatus time.Time
 }
@@ -553,6 +556,7 @@ const maxParked = 100000
 func (l *loop) park(keys []topicKey) {
 	if l.parked == nil || len(l.parked) > maxParked {
 		l.parked = map[topicKey]*parkedKey{}
+		l.parkResets++
 	}
 	now := time.Now()
 	for _, k := range keys {
@@ -572,6 +576,7 @@ func (l *loop) park(keys []topicKey) {
 func (l *loop) parkTopics(topics []string) {
 	if l.parkedTopics == nil || len(l.parkedTopics) > maxParked {
 		l.parkedTopics = map[string]*parkedKey{}
+		l.parkResets++
 	}
 	now := time.Now()
 	for _, t := range topics {
@@ -586,20 +591,23 @@ func (l *loop) parkTopics(topics []string) {
 	}
 }
 
-// parkedNow returns the keys (as topic and key arrays) and the topics still
-// parked, as claim parameters; never nil, since a NULL array would make
-// the claim skip every row.
-func (l *loop) parkedNow() (keyTopics []string, keys [][]byte, topics []string) {
+// parkedNow returns the keys (as topic and key arrays) and the topics
+// parked, as claim parameters; never nil, since a NULL array would make the
+// claim skip every row. With all, it includes those whose backoff ended but
+// that have not got through since: a claim that starts after the batch in
+// flight (not at the head of the lanes) must not take the later rows of a
+// key whose earlier rows it cannot see.
+func (l *loop) parkedNow(all bool) (keyTopics []string, keys [][]byte, topics []string) {
 	now := time.Now()
 	keyTopics, keys, topics = []string{}, [][]byte{}, []string{}
 	for k, p := range l.parked {
-		if now.Before(p.until) {
+		if all || now.Before(p.until) {
 			keyTopics = append(keyTopics, k.topic)
 			keys = append(keys, []byte(k.key))
 		}
 	}
 	for t, p := range l.parkedTopics {
-		if now.Before(p.until) {
+		if all || now.Before(p.until) {
 			topics = append(topics, t)
 		}
 	}
@@ -634,19 +642,15 @@ type claimed struct {
 }
 
 // claim reads the next batch of the owned lanes: the first pending rows in
-// id order, without those in flight and those of parked keys and topics,
-// at most the adaptive batch size, which it then adapts.
-func (l *loop) claim(ctx context.Context, inFlight []claimed) ([]claimed, error) {
-	exclude := make([]int64, len(inFlight))
-	for i := range inFlight {
-		exclude[i] = inFlight[i].ID
-	}
+// id order after id after (0: from the head), without those of parked keys
+// and topics, at most the adaptive batch size, which it then adapts.
+func (l *loop) claim(ctx context.Context, after int64) ([]claimed, error) {
 	var rows pgx.Rows
 	var err error
-	if keyTopics, keys, topics := l.parkedNow(); len(keys) > 0 || len(topics) > 0 {
-		rows, err = l.s.conn.Query(ctx, l.q.claimUnparked, l.s.owned, l.limit, exclude, keyTopics, keys, topics)
+	if keyTopics, keys, topics := l.parkedNow(after > 0); len(keys) > 0 || len(topics) > 0 {
+		rows, err = l.s.conn.Query(ctx, l.q.claimUnparked, l.s.owned, l.limit, after, keyTopics, keys, topics)
 	} else {
-		rows, err = l.s.conn.Query(ctx, l.q.claim, l.s.owned, l.limit, exclude)
+		rows, err = l.s.conn.Query(ctx, l.q.claim, l.s.owned, l.limit, after)
 	}
 	if err != nil {
 		return nil, dbErr(fmt.Errorf("outbox: relay: claim: %w", err))
@@ -681,6 +685,11 @@ func rowsOf(batch []claimed) []Row {
 	return rows
 }
 
+// maxPipeline is the most batches one pipeline sends before it drains and
+// starts again from the head of the lanes, so a row that became visible
+// behind the claims (a late commit) waits at most that long.
+const maxPipeline = 16
+
 // flight is a batch being published.
 type flight struct {
 	batch []claimed
@@ -710,13 +719,14 @@ func (l *loop) pump(ctx context.Context) (int, error) {
 	// The claims run under the grace context: canceling a query makes pgx
 	// close the connection, which would also lose the marks of the batch
 	// in flight. ctx is checked between the steps instead.
-	cur, err := l.claim(l.grace, nil)
+	cur, err := l.claim(l.grace, 0)
 	if err != nil || len(cur) == 0 || ctx.Err() != nil {
 		return 0, err
 	}
 	total := 0
 	var prev *outcome
-	for {
+	resets := l.parkResets
+	for batches := 1; ; batches++ {
 		l.r.health.alive()
 		fl, err := l.send(cur)
 		if err != nil {
@@ -729,8 +739,11 @@ func (l *loop) pump(ctx context.Context) (int, error) {
 		n, dberr := l.settle(prev)
 		total += n
 		prev = nil
-		if dberr == nil && ctx.Err() == nil && !l.due() {
-			next, dberr = l.claim(l.grace, cur)
+		if dberr == nil && ctx.Err() == nil && !l.due() && batches < maxPipeline && resets == l.parkResets {
+			// After the batch in flight: rows before its last id that
+			// are not in it (a transaction that committed late, a key
+			// whose parking ended) wait for the next pipeline.
+			next, dberr = l.claim(l.grace, fl.batch[len(fl.batch)-1].ID)
 		}
 		<-fl.done
 		out := l.judge(fl)
@@ -768,7 +781,7 @@ func (l *loop) pump(ctx context.Context) (int, error) {
 		// and without the keys and topics that just failed (parked).
 		now := time.Now()
 		next = slices.DeleteFunc(next, func(c claimed) bool { return l.isParked(&c, now) })
-		if len(next) == 0 {
+		if len(next) == 0 || resets != l.parkResets {
 			break
 		}
 		cur = next
@@ -792,6 +805,9 @@ func (l *loop) send(batch []claimed) (*flight, error) {
 		// produce request; the rest stays pending for the next batch.
 		if size += estimateSize(&m); i > 0 && size > l.r.cfg.maxBatchBytes {
 			batch = batch[:i]
+			// Claim no more than fits next time: the rest would be read
+			// again and again only to be dropped here.
+			l.limit = max(min(minBatch, l.r.cfg.batchSize), i)
 			break
 		}
 		msgs = append(msgs, m)
