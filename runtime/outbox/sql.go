@@ -35,7 +35,10 @@ WHERE c.oid = to_regclass($1)`
 	// keepalives go unanswered for about a minute, or when it sits idle
 	// (Postgres 14 and later) for five minutes, far longer than a publish
 	// or an idle poll takes (a relay whose session was dropped reconnects).
-	sqlSessionSettings = `SET idle_in_transaction_session_timeout = '5min';
+	// Its commits (marks, cleanup) do not wait for the WAL flush: a mark
+	// lost in a database crash only re-sends rows the consumers deduplicate,
+	// and the lost marks are the latest ones, so per-key order holds.
+	sqlSessionSettings = `SET idle_in_transaction_session_timeout = '5min'; SET synchronous_commit = off;
 SET tcp_keepalives_idle = 30; SET tcp_keepalives_interval = 10; SET tcp_keepalives_count = 3;
 SELECT set_config('idle_session_timeout', '5min', false) WHERE current_setting('server_version_num')::int >= 140000`
 	sqlPresenceLock = `SELECT pg_advisory_lock_shared($1, $2)`
