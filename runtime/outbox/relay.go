@@ -356,9 +356,6 @@ type loop struct {
 	// until the topic's own backoff ends, so they cannot fill the head of
 	// the lanes and hold up the other topics.
 	parkedTopics map[string]*parkedKey
-	// parkResets counts the times parking was forgotten: a pipeline (whose
-	// claims skip every parked key) must then start again from the head.
-	parkResets int
 
 	nextRebalance, nextCleanup, nextStatus time.Time
 }
@@ -556,7 +553,6 @@ const maxParked = 100000
 func (l *loop) park(keys []topicKey) {
 	if l.parked == nil || len(l.parked) > maxParked {
 		l.parked = map[topicKey]*parkedKey{}
-		l.parkResets++
 	}
 	now := time.Now()
 	for _, k := range keys {
@@ -576,7 +572,6 @@ func (l *loop) park(keys []topicKey) {
 func (l *loop) parkTopics(topics []string) {
 	if l.parkedTopics == nil || len(l.parkedTopics) > maxParked {
 		l.parkedTopics = map[string]*parkedKey{}
-		l.parkResets++
 	}
 	now := time.Now()
 	for _, t := range topics {
@@ -591,38 +586,32 @@ func (l *loop) parkTopics(topics []string) {
 	}
 }
 
-// parkedNow returns the keys (as topic and key arrays) and the topics
-// parked, as claim parameters; never nil, since a NULL array would make the
-// claim skip every row. With all, it includes those whose backoff ended but
-// that have not got through since: a claim that starts after the batch in
-// flight (not at the head of the lanes) must not take the later rows of a
-// key whose earlier rows it cannot see.
-func (l *loop) parkedNow(all bool) (keyTopics []string, keys [][]byte, topics []string) {
+// parkedNow returns the keys (as topic and key arrays) and the topics still
+// parked, as claim parameters; never nil, since a NULL array would make
+// the claim skip every row. Claims start at the head of the lanes, so a key
+// whose backoff ended is claimed from its earliest pending row.
+func (l *loop) parkedNow() (keyTopics []string, keys [][]byte, topics []string) {
 	now := time.Now()
 	keyTopics, keys, topics = []string{}, [][]byte{}, []string{}
 	for k, p := range l.parked {
-		if all || now.Before(p.until) {
+		if now.Before(p.until) {
 			keyTopics = append(keyTopics, k.topic)
 			keys = append(keys, []byte(k.key))
 		}
 	}
 	for t, p := range l.parkedTopics {
-		if all || now.Before(p.until) {
+		if now.Before(p.until) {
 			topics = append(topics, t)
 		}
 	}
 	return keyTopics, keys, topics
 }
 
-// isParked reports whether a claimed row's key or topic is parked now.
-func (l *loop) isParked(c *claimed, now time.Time) bool {
-	if p := l.parkedTopics[c.Topic]; p != nil && now.Before(p.until) {
-		return true
-	}
-	if p := l.parked[topicKey{c.Topic, string(c.Key)}]; p != nil && now.Before(p.until) {
-		return true
-	}
-	return false
+// failedIn reports whether a row's key or topic failed in the judged batch:
+// its later rows, claimed while that batch was in flight, must wait.
+func failedIn(out *outcome, c *claimed) bool {
+	return slices.Contains(out.refusedTopics, c.Topic) ||
+		slices.Contains(out.failing, topicKey{c.Topic, string(c.Key)})
 }
 
 func (l *loop) dropSession(ctx context.Context) {
@@ -642,15 +631,19 @@ type claimed struct {
 }
 
 // claim reads the next batch of the owned lanes: the first pending rows in
-// id order after id after (0: from the head), without those of parked keys
-// and topics, at most the adaptive batch size, which it then adapts.
-func (l *loop) claim(ctx context.Context, after int64) ([]claimed, error) {
+// id order, without those in flight and those of keys and topics parked
+// now, at most the adaptive batch size, which it then adapts.
+func (l *loop) claim(ctx context.Context, inFlight []claimed) ([]claimed, error) {
+	exclude := make([]int64, len(inFlight))
+	for i := range inFlight {
+		exclude[i] = inFlight[i].ID
+	}
 	var rows pgx.Rows
 	var err error
-	if keyTopics, keys, topics := l.parkedNow(after > 0); len(keys) > 0 || len(topics) > 0 {
-		rows, err = l.s.conn.Query(ctx, l.q.claimUnparked, l.s.owned, l.limit, after, keyTopics, keys, topics)
+	if keyTopics, keys, topics := l.parkedNow(); len(keys) > 0 || len(topics) > 0 {
+		rows, err = l.s.conn.Query(ctx, l.q.claimUnparked, l.s.owned, l.limit, exclude, keyTopics, keys, topics)
 	} else {
-		rows, err = l.s.conn.Query(ctx, l.q.claim, l.s.owned, l.limit, after)
+		rows, err = l.s.conn.Query(ctx, l.q.claim, l.s.owned, l.limit, exclude)
 	}
 	if err != nil {
 		return nil, dbErr(fmt.Errorf("outbox: relay: claim: %w", err))
@@ -685,11 +678,6 @@ func rowsOf(batch []claimed) []Row {
 	return rows
 }
 
-// maxPipeline is the most batches one pipeline sends before it drains and
-// starts again from the head of the lanes, so a row that became visible
-// behind the claims (a late commit) waits at most that long.
-const maxPipeline = 16
-
 // flight is a batch being published.
 type flight struct {
 	batch []claimed
@@ -719,14 +707,13 @@ func (l *loop) pump(ctx context.Context) (int, error) {
 	// The claims run under the grace context: canceling a query makes pgx
 	// close the connection, which would also lose the marks of the batch
 	// in flight. ctx is checked between the steps instead.
-	cur, err := l.claim(l.grace, 0)
+	cur, err := l.claim(l.grace, nil)
 	if err != nil || len(cur) == 0 || ctx.Err() != nil {
 		return 0, err
 	}
 	total := 0
 	var prev *outcome
-	resets := l.parkResets
-	for batches := 1; ; batches++ {
+	for {
 		l.r.health.alive()
 		fl, err := l.send(cur)
 		if err != nil {
@@ -739,11 +726,8 @@ func (l *loop) pump(ctx context.Context) (int, error) {
 		n, dberr := l.settle(prev)
 		total += n
 		prev = nil
-		if dberr == nil && ctx.Err() == nil && !l.due() && batches < maxPipeline && resets == l.parkResets {
-			// After the batch in flight: rows before its last id that
-			// are not in it (a transaction that committed late, a key
-			// whose parking ended) wait for the next pipeline.
-			next, dberr = l.claim(l.grace, fl.batch[len(fl.batch)-1].ID)
+		if dberr == nil && ctx.Err() == nil && !l.due() {
+			next, dberr = l.claim(l.grace, fl.batch)
 		}
 		<-fl.done
 		out := l.judge(fl)
@@ -779,9 +763,10 @@ func (l *loop) pump(ctx context.Context) (int, error) {
 		}
 		// The next batch goes out only now that this one is acknowledged,
 		// and without the keys and topics that just failed (parked).
-		now := time.Now()
-		next = slices.DeleteFunc(next, func(c claimed) bool { return l.isParked(&c, now) })
-		if len(next) == 0 || resets != l.parkResets {
+		if out.pubErr != nil {
+			next = slices.DeleteFunc(next, func(c claimed) bool { return failedIn(out, &c) })
+		}
+		if len(next) == 0 {
 			break
 		}
 		cur = next

@@ -21,24 +21,21 @@ func TestRelayClaimsNextBatchWhileOneIsInFlight(t *testing.T) {
 	b.write(t, evs)
 
 	var claims atomic.Int32
-	claimedAhead := make(chan struct{})
-	var inFlight atomic.Bool
 	var sawAhead atomic.Bool
 	b.kafka.Fake.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
-		// The first produce request: hold it until a second claim
-		// arrives (or, without pipelining, give up after a while).
-		inFlight.Store(true)
-		select {
-		case <-claimedAhead:
-			sawAhead.Store(true)
-		case <-time.After(60 * time.Second):
+		// The first produce request of the first batch: hold it (so the
+		// batch cannot be acknowledged) until the relay has claimed a
+		// second batch, which happens only if it pipelines (or give up
+		// after a while).
+		deadline := time.Now().Add(60 * time.Second)
+		for claims.Load() < 2 && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
 		}
+		sawAhead.Store(claims.Load() >= 2)
 		return nil, nil, false
 	})
 	b.startRelay(t, WithKafkaWriter(func(w *kafka.Writer) { w.WriteTimeout = 2 * time.Minute }), WithHooks(Hooks{AfterClaim: func(context.Context, []Row) {
-		if claims.Add(1) == 2 && inFlight.Load() {
-			close(claimedAhead)
-		}
+		claims.Add(1)
 	}}))
 	b.waitDrained(t, 60*time.Second)
 	if !sawAhead.Load() {

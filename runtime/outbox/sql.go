@@ -78,21 +78,22 @@ VALUES ($1, $2, $3, $4, $5, $6::jsonb)`, table),
 SELECT e, t, tp, k, v, h::jsonb
 FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bytea[], $6::text[]) WITH ORDINALITY AS r(e, t, tp, k, v, h, n)
 ORDER BY n`, table),
-		// The head of the relay's lanes, in id order, after id $3 (0 for
-		// the head itself; the last id of the batch in flight when claiming
-		// the next one, which an index range skips instead of a filter
-		// walking past every row in flight). No row locks: lanes are owned
-		// by one relay (advisory locks), so nothing else claims these rows,
-		// and the claim runs outside a transaction so that the next batch
-		// can be claimed while the previous one is being published.
+		// The head of the relay's lanes, in id order, without the rows of
+		// the batch in flight ($3). Always from the head: a row that became
+		// visible late (its transaction committed after a later row was
+		// claimed) or a key whose parking ended is taken before the later
+		// rows of its key. No row locks: lanes are owned by one relay
+		// (advisory locks), so nothing else claims these rows, and the claim
+		// runs outside a transaction so that the next batch can be claimed
+		// while the previous one is being published.
 		claim: fmt.Sprintf(`SELECT id, event_id, event_type, topic, key, lane, value, headers::text, attempts
-FROM %s WHERE published_at IS NULL AND lane = ANY($1::int[]) AND id > $3
+FROM %s WHERE published_at IS NULL AND lane = ANY($1::int[]) AND id <> ALL($3::bigint[])
 ORDER BY id LIMIT $2`, table),
 		// claimUnparked is claim without the rows of parked keys ($4 topics,
 		// $5 keys) and of parked topics ($6): all of a parked key's or
 		// topic's rows wait, so its order holds. The arrays must not be NULL.
 		claimUnparked: fmt.Sprintf(`SELECT id, event_id, event_type, topic, key, lane, value, headers::text, attempts
-FROM %s o WHERE published_at IS NULL AND lane = ANY($1::int[]) AND id > $3
+FROM %s o WHERE published_at IS NULL AND lane = ANY($1::int[]) AND id <> ALL($3::bigint[])
   AND topic <> ALL($6::text[])
   AND NOT EXISTS (SELECT 1 FROM unnest($4::text[], $5::bytea[]) AS p(topic, key) WHERE p.topic = o.topic AND p.key = o.key)
 ORDER BY id LIMIT $2`, table),
