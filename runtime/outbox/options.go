@@ -114,7 +114,7 @@ func (c *relayConfig) fail(format string, args ...any) {
 }
 
 // WithBatchSize sets the most rows the relay claims and publishes at once
-// (default 2000, at most 10000). The batch size adapts to the backlog: it
+// (default 500, at most 10000). The batch size adapts to the backlog: it
 // starts at 64 (or n, if smaller), doubles while batches come back full and
 // halves when they come back mostly empty.
 func WithBatchSize(n int) RelayOption {

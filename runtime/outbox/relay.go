@@ -53,7 +53,7 @@ import (
 // without the rows of keys that failed in it, so a key's events never
 // overtake each other. The batch size adapts to the backlog: it starts at
 // 64 rows, doubles while batches come back full, up to WithBatchSize
-// (default 2000), and halves when they come back mostly empty.
+// (default 500), and halves when they come back mostly empty.
 //
 // # Partial failures
 //
@@ -171,7 +171,7 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, opts ...RelayOption) (*Relay
 // Defaults of the adaptive batch size: it starts at minBatch (or the
 // configured maximum, if smaller) and grows up to the maximum.
 const (
-	defaultBatchSize = 2000
+	defaultBatchSize = 500
 	minBatch         = 64
 )
 
