@@ -251,6 +251,7 @@ func (r *Relay) Run(ctx context.Context) error {
 func (r *Relay) resolveTable(ctx context.Context) (resolvedTable, error) {
 	bo := backoff{min: r.cfg.backoffMin, max: r.cfg.backoffMax}
 	for {
+		r.health.alive() // waiting for a dependency is not being stuck
 		rt, err := resolve(ctx, r.pool, r.table)
 		if err == nil {
 			r.dep(depDatabase, nil)
@@ -277,6 +278,7 @@ func (r *Relay) resolveTable(ctx context.Context) (resolvedTable, error) {
 func (r *Relay) waitKafka(ctx context.Context, kc *kafka.Client) {
 	bo := backoff{min: r.cfg.backoffMin, max: r.cfg.backoffMax}
 	for ctx.Err() == nil {
+		r.health.alive()
 		err := r.pingKafka(ctx, kc)
 		if ctx.Err() != nil {
 			return
