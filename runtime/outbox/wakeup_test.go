@@ -218,3 +218,44 @@ func commitBehindStuckCommit(ctx context.Context, t *testing.T, pool *pgxpool.Po
 	}
 	return blocked, waits
 }
+
+// TestNotifyWakesTheRelaysOfItsTable: Writer.Notify reaches the relays of
+// the same table in this process (any schema for an unqualified name), and
+// only those.
+func TestNotifyWakesTheRelaysOfItsTable(t *testing.T) {
+	t.Parallel()
+	mine, other := make(chan struct{}, 1), make(chan struct{}, 1)
+	defer registerWake("shop", "notify_test_outbox", mine)()
+	defer registerWake("shop", "notify_test_other", other)()
+	woken := func(ch chan struct{}) bool {
+		select {
+		case <-ch:
+			return true
+		default:
+			return false
+		}
+	}
+	for _, tc := range []struct {
+		table string
+		want  bool
+	}{{"notify_test_outbox", true}, {"shop.notify_test_outbox", true}, {"billing.notify_test_outbox", false}} {
+		w, err := NewWriter(WithTable(tc.table))
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Notify()
+		if got := woken(mine); got != tc.want {
+			t.Errorf("Notify on %s woke the relay of shop.notify_test_outbox: %v, want %v", tc.table, got, tc.want)
+		}
+		if woken(other) {
+			t.Errorf("Notify on %s woke the relay of another table", tc.table)
+		}
+	}
+	unregister := registerWake("shop", "notify_test_third", other)
+	unregister()
+	w, _ := NewWriter(WithTable("notify_test_third"))
+	w.Notify()
+	if woken(other) {
+		t.Error("an unregistered relay was woken")
+	}
+}
