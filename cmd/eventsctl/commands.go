@@ -156,6 +156,8 @@ Postgres and Kafka at start and through outages, never exits on one.`)
 	batch := fs.Int("batch", 500, "most rows per Kafka produce request (the batch size adapts to the backlog up to this)")
 	poll := fs.Duration("poll", 100*time.Millisecond, "longest idle poll interval: the relay polls every 1ms right after work, backing off to this")
 	retention := fs.Duration("retention", 24*time.Hour, "keep published rows this long before deleting them")
+	grace := fs.Duration("shutdown-grace", 5*time.Second, "on SIGINT/SIGTERM, how long the batch in flight may take to be acknowledged and marked")
+	stall := fs.Duration("stall-timeout", time.Minute, "/readyz fails when rows have been pending this long with nothing published")
 	metricsAddr := fs.String("metrics-addr", ":9090", `address serving /metrics, /livez, /readyz and /healthz ("" disables)`)
 	newLogger := logFlags(fs, env)
 	if err := parse(fs, args); err != nil {
@@ -170,8 +172,11 @@ Postgres and Kafka at start and through outages, never exits on one.`)
 	if *batch < 1 || *batch > 10000 {
 		return fmt.Errorf("%w: --batch %d: want 1..10000", errUsage, *batch)
 	}
-	if *poll <= 0 || *retention <= 0 {
-		return fmt.Errorf("%w: --poll and --retention must be positive", errUsage)
+	if *poll <= 0 || *retention <= 0 || *stall <= 0 {
+		return fmt.Errorf("%w: --poll, --retention and --stall-timeout must be positive", errUsage)
+	}
+	if *grace < 0 {
+		return fmt.Errorf("%w: --shutdown-grace %v must not be negative", errUsage, *grace)
 	}
 	log, err := newLogger()
 	if err != nil {
@@ -195,7 +200,8 @@ Postgres and Kafka at start and through outages, never exits on one.`)
 	}
 	relay, err := outbox.NewRelay(pool, splitList(*brokers),
 		outbox.WithTable(*table), outbox.WithBatchSize(*batch), outbox.WithPollInterval(*poll),
-		outbox.WithRetention(*retention), outbox.WithMetrics(metrics.Relay()), outbox.WithLogger(log))
+		outbox.WithRetention(*retention), outbox.WithMetrics(metrics.Relay()), outbox.WithLogger(log),
+		outbox.WithShutdownGrace(*grace), outbox.WithStallTimeout(*stall))
 	if err != nil {
 		return err
 	}

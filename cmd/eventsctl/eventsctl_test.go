@@ -73,6 +73,7 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		{[]string{"migrate", "extra", "--database-url", "postgres://x"}, 2, `unexpected argument "extra"`},
 		{[]string{"outbox", "status", "extra", "--json"}, 2, `unexpected argument "extra"`},
 		{[]string{"relay", "--database-url", "postgres://x", "--brokers", "b:9092", "--batch", "0"}, 2, "--batch 0: want 1..10000"},
+		{[]string{"relay", "--database-url", "postgres://x", "--brokers", "b:9092", "--shutdown-grace", "-1s"}, 2, "--shutdown-grace -1s must not be negative"},
 	}
 	for _, c := range cases {
 		code, _, errOut := cli(t, nil, c.args...)
