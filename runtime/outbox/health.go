@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"regexp"
 	"strings"
 	"sync"
 	"time"
@@ -344,6 +345,11 @@ func (r *Relay) dep(dep string, err error) {
 	r.folds.recovered(dep)
 }
 
+// localAddr matches the local end of a connection in a network error
+// ("read tcp 127.0.0.1:38284->10.0.0.7:9092: i/o timeout"): a new port per
+// attempt must not make repeats of one error look different.
+var localAddr = regexp.MustCompile(`[0-9A-Fa-f.:\[\]]+:\d+->`)
+
 // folder logs repeated identical errors once, then a summary with the count
 // every interval while they go on, so an outage does not flood the log.
 type folder struct {
@@ -364,7 +370,7 @@ type folded struct {
 // warn logs msg with err unless the same error was logged less than
 // every ago; then it counts it, and logs a summary once every has passed.
 func (f *folder) warn(dep, msg string, err error, attrs ...any) {
-	key := dep + "\x00" + msg + "\x00" + err.Error()
+	key := dep + "\x00" + msg + "\x00" + localAddr.ReplaceAllString(err.Error(), "")
 	now := time.Now()
 	f.mu.Lock()
 	if f.seen == nil || len(f.seen) > 1000 {

@@ -163,12 +163,30 @@ func commitBehindStuckCommit(ctx context.Context, t *testing.T, pool *pgxpool.Po
 		return
 	}
 
-	// Writer A: its commit waits for a standby that does not exist.
-	pidA, doneA := commit("a", "on")
-	waitFor("writer A to wait for the standby", func() bool {
-		_, _, ev := activity(pidA)
-		return ev == "SyncRep"
-	})
+	// Writer A: its commit waits for a standby that does not exist. The
+	// checkpointer publishes the new standby setting to the backends a
+	// moment after the reload; a commit before that does not wait, so
+	// writer A tries again until one does.
+	var pidA int
+	var doneA chan error
+	for attempt := 0; doneA == nil; attempt++ {
+		pid, done := commit(fmt.Sprintf("a%d", attempt), "on")
+		waitFor("writer A to wait for the standby or commit", func() bool {
+			if _, _, ev := activity(pid); ev == "SyncRep" {
+				pidA, doneA = pid, done
+				return true
+			}
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Fatalf("writer A: %v", err)
+				}
+				return true // committed without waiting: the setting was not live yet
+			default:
+				return false
+			}
+		})
+	}
 	// Writer B: a local commit, which needs nothing from A.
 	pidB, doneB := commit("b", "local")
 	lockWait := func() string {
