@@ -7,8 +7,7 @@ repeatedly. Every name below is already a quoted identifier or literal.
   .Schema         its schema
   .PendingIndex   partial index on pending rows (the relay's scan)
   .PublishedIndex partial index on published rows (the cleanup's scan)
-  .Trigger        statement-level trigger that wakes the relays
-  .Channel        LISTEN/NOTIFY channel as a string literal
+  .Trigger        the NOTIFY trigger of earlier versions, dropped here
   .Lanes          number of key-hash lanes (fixed when the table is created)
   .Comment        table comment as a string literal; records the lane count
 */ -}}
@@ -42,15 +41,17 @@ CREATE INDEX IF NOT EXISTS {{.PendingIndex}} ON {{.Table}} (id) WHERE published_
 -- The cleanup's scan: published rows by age.
 CREATE INDEX IF NOT EXISTS {{.PublishedIndex}} ON {{.Table}} (published_at) WHERE published_at IS NOT NULL;
 
--- One notification per inserting statement, delivered at commit (never for
--- a rolled-back transaction); the channel is passed as the trigger argument.
-CREATE OR REPLACE FUNCTION {{.Schema}}.protoevents_outbox_notify() RETURNS trigger
-    LANGUAGE plpgsql AS $$
+-- Earlier versions woke the relays with a statement-level NOTIFY trigger.
+-- NOTIFY makes every committing writer take the database-wide notify-queue
+-- lock from pre-commit through the commit's flush, which serialises the
+-- commits of all outbox writers; the relays now poll the pending index
+-- adaptively instead (docs/design.md, "Waking the relay"). Drop the
+-- trigger, and its function once no other outbox table uses it.
+DROP TRIGGER IF EXISTS {{.Trigger}} ON {{.Table}};
+DO $$
 BEGIN
-    PERFORM pg_notify(TG_ARGV[0], '');
-    RETURN NULL;
+    DROP FUNCTION IF EXISTS {{.Schema}}.protoevents_outbox_notify();
+EXCEPTION WHEN dependent_objects_still_exist THEN
+    NULL; -- another outbox table in this schema still has its trigger
 END
 $$;
-
-CREATE OR REPLACE TRIGGER {{.Trigger}} AFTER INSERT ON {{.Table}}
-    FOR EACH STATEMENT EXECUTE FUNCTION {{.Schema}}.protoevents_outbox_notify({{.Channel}});

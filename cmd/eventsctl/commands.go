@@ -34,23 +34,34 @@ var connectTimeout = 10 * time.Second
 // failure in operator terms: refused (role, password, database: fix the
 // URL), timed out or unreachable (exit 3: is the server up?).
 func connect(ctx context.Context, url string) (*pgxpool.Pool, error) {
+	pool, err := openPool(ctx, url)
+	if err != nil {
+		return nil, err
+	}
+	cfg := pool.Config()
+	addr := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
+	pingCtx, cancel := context.WithTimeout(ctx, connectTimeout)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		return nil, connectError(addr, cfg.ConnConfig.User, cfg.ConnConfig.Database, err)
+	}
+	return pool, nil
+}
+
+// openPool makes a pool for url without connecting yet: the relay uses it
+// as is, and waits for the database itself.
+func openPool(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, fmt.Errorf("%w: --database-url: %v", errUsage, err)
 	}
-	addr := net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port)))
 	if cfg.ConnConfig.ConnectTimeout == 0 || cfg.ConnConfig.ConnectTimeout > connectTimeout {
 		cfg.ConnConfig.ConnectTimeout = connectTimeout
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("database: %w", err)
-	}
-	pingCtx, cancel := context.WithTimeout(ctx, connectTimeout)
-	defer cancel()
-	if err := pool.Ping(pingCtx); err != nil {
-		pool.Close()
-		return nil, connectError(addr, cfg.ConnConfig.User, cfg.ConnConfig.Database, err)
 	}
 	return pool, nil
 }
@@ -135,15 +146,19 @@ func runRelay(ctx context.Context, env *cliEnv, args []string) error {
 	fs := newFlags(env, "relay", "[flags]", `
 Publishes committed outbox rows to Kafka, in per-key order, until SIGINT or
 SIGTERM. Run several for availability: they split the outbox's key-hash
-lanes between them (see --lanes of migrate). Serves Prometheus metrics and a
-health check on --metrics-addr.`)
+lanes between them (see --lanes of migrate). Serves Prometheus metrics
+(/metrics), liveness (/livez, also /healthz) and readiness (/readyz: database
+and brokers reachable, progress on the backlog) on --metrics-addr. Waits for
+Postgres and Kafka at start and through outages, never exits on one.`)
 	db := dbFlag(fs, env)
 	brokers := brokersFlag(fs, env)
 	table := fs.String("outbox-table", outbox.DefaultTable, `outbox table, "name" or "schema.name"`)
-	batch := fs.Int("batch", 500, "rows per Kafka produce request")
-	poll := fs.Duration("poll", 5*time.Second, "fallback poll interval; new rows wake the relay at once via LISTEN/NOTIFY")
+	batch := fs.Int("batch", 500, "most rows per Kafka produce request (the batch size adapts to the backlog up to this)")
+	poll := fs.Duration("poll", 100*time.Millisecond, "longest idle poll interval: the relay polls every 1ms right after work, backing off to this")
 	retention := fs.Duration("retention", 24*time.Hour, "keep published rows this long before deleting them")
-	metricsAddr := fs.String("metrics-addr", ":9090", `address serving /metrics and /healthz ("" disables)`)
+	grace := fs.Duration("shutdown-grace", 5*time.Second, "on SIGINT/SIGTERM, how long the batch in flight may take to be acknowledged and marked")
+	stall := fs.Duration("stall-timeout", time.Minute, "/readyz fails when rows have been pending this long with nothing published")
+	metricsAddr := fs.String("metrics-addr", ":9090", `address serving /metrics, /livez, /readyz and /healthz ("" disables)`)
 	newLogger := logFlags(fs, env)
 	if err := parse(fs, args); err != nil {
 		return err
@@ -157,14 +172,20 @@ health check on --metrics-addr.`)
 	if *batch < 1 || *batch > 10000 {
 		return fmt.Errorf("%w: --batch %d: want 1..10000", errUsage, *batch)
 	}
-	if *poll <= 0 || *retention <= 0 {
-		return fmt.Errorf("%w: --poll and --retention must be positive", errUsage)
+	if *poll <= 0 || *retention <= 0 || *stall <= 0 {
+		return fmt.Errorf("%w: --poll, --retention and --stall-timeout must be positive", errUsage)
+	}
+	if *grace < 0 {
+		return fmt.Errorf("%w: --shutdown-grace %v must not be negative", errUsage, *grace)
 	}
 	log, err := newLogger()
 	if err != nil {
 		return err
 	}
-	pool, err := connect(ctx, *db)
+	// No ping: the relay waits for the database (and the brokers) with
+	// backoff and logs, and reports it on /readyz, rather than exiting when
+	// it starts before them.
+	pool, err := openPool(ctx, *db)
 	if err != nil {
 		return err
 	}
@@ -179,7 +200,8 @@ health check on --metrics-addr.`)
 	}
 	relay, err := outbox.NewRelay(pool, splitList(*brokers),
 		outbox.WithTable(*table), outbox.WithBatchSize(*batch), outbox.WithPollInterval(*poll),
-		outbox.WithRetention(*retention), outbox.WithMetrics(metrics.Relay()), outbox.WithLogger(log))
+		outbox.WithRetention(*retention), outbox.WithMetrics(metrics.Relay()), outbox.WithLogger(log),
+		outbox.WithShutdownGrace(*grace), outbox.WithStallTimeout(*stall))
 	if err != nil {
 		return err
 	}
@@ -190,13 +212,9 @@ health check on --metrics-addr.`)
 		}
 		mux := http.NewServeMux()
 		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-			if err := pool.Ping(r.Context()); err != nil {
-				http.Error(w, "database: "+err.Error(), http.StatusServiceUnavailable)
-				return
-			}
-			fmt.Fprintln(w, "ok")
-		})
+		mux.Handle("/livez", relay.LiveHandler())
+		mux.Handle("/healthz", relay.LiveHandler()) // the older name of /livez
+		mux.Handle("/readyz", relay.ReadyHandler())
 		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 		go func() {
 			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {

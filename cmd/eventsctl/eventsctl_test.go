@@ -73,6 +73,7 @@ func TestHelpAndUsageErrors(t *testing.T) {
 		{[]string{"migrate", "extra", "--database-url", "postgres://x"}, 2, `unexpected argument "extra"`},
 		{[]string{"outbox", "status", "extra", "--json"}, 2, `unexpected argument "extra"`},
 		{[]string{"relay", "--database-url", "postgres://x", "--brokers", "b:9092", "--batch", "0"}, 2, "--batch 0: want 1..10000"},
+		{[]string{"relay", "--database-url", "postgres://x", "--brokers", "b:9092", "--shutdown-grace", "-1s"}, 2, "--shutdown-grace -1s must not be negative"},
 	}
 	for _, c := range cases {
 		code, _, errOut := cli(t, nil, c.args...)
@@ -283,8 +284,10 @@ func TestRelayProcess(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	if code, body := get("/healthz"); code != http.StatusOK || strings.TrimSpace(body) != "ok" {
-		t.Errorf("/healthz: %d %q", code, body)
+	for _, path := range []string{"/livez", "/healthz", "/readyz"} {
+		if code, body := get(path); code != http.StatusOK || !strings.HasPrefix(body, "ready\n") {
+			t.Errorf("%s: %d %q", path, code, body)
+		}
 	}
 	if code, out, _ := cli(t, env, "outbox", "status", "--json"); code != 0 || !strings.Contains(out, `"pending": 0,`) {
 		t.Errorf("outbox status after the relay: exit %d\n%s", code, out)
@@ -313,5 +316,68 @@ func TestRelayProcess(t *testing.T) {
 	}
 	if got != n {
 		t.Fatalf("%d messages on %s, want %d", got, ordersv1.OrderPlacedTopic, n)
+	}
+}
+
+// TestRelayProcessWaitsForTheDatabase: `eventsctl relay` started while its
+// database is unreachable keeps running, live but not ready, and exits 0
+// when stopped.
+func TestRelayProcessWaitsForTheDatabase(t *testing.T) {
+	t.Parallel()
+	k := testenv.FakeKafka(t)
+	closed := func() string {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		return ln.Addr().String()
+	}
+	dbAddr, addr := closed(), closed()
+	env := map[string]string{"PROTOEVENTS_DATABASE_URL": "postgres://postgres@" + dbAddr + "/postgres?sslmode=disable", "PROTOEVENTS_KAFKA_BROKERS": strings.Join(k.Brokers, ",")}
+	runCtx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var out, errOut bytes.Buffer
+	done := make(chan int, 1)
+	go func() {
+		e := &cliEnv{stdout: &out, stderr: &errOut, getenv: func(k string) string { return env[k] }}
+		done <- run(runCtx, e, []string{"relay", "--metrics-addr", addr})
+	}()
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + addr + path)
+		if err != nil {
+			return 0, err.Error()
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		code, body := get("/readyz")
+		if code == http.StatusServiceUnavailable && strings.Contains(body, "database: unreachable") {
+			break
+		}
+		select {
+		case code := <-done:
+			t.Fatalf("relay exited (%d) while the database was unreachable\n%s", code, errOut.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/readyz never reported the database down: %d %q", code, body)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code, body := get("/livez"); code != http.StatusOK {
+		t.Errorf("/livez while waiting for the database: %d %q", code, body)
+	}
+	stop()
+	select {
+	case code := <-done:
+		if code != 0 {
+			t.Fatalf("relay exit %d\n%s", code, errOut.String())
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("relay did not stop after cancellation")
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"sort"
@@ -172,6 +173,9 @@ var errCrash = errors.New("simulated crash")
 // waitDrained waits until the outbox has no pending rows.
 func (b *bundle) waitDrained(t testing.TB, timeout time.Duration) {
 	t.Helper()
+	// The timeout only bounds a hang: on a loaded machine everything takes
+	// longer, and the tests wait on the condition, not on speed.
+	timeout = max(timeout, 3*time.Minute)
 	deadline := time.Now().Add(timeout)
 	for {
 		st, err := Status(context.Background(), b.pool)
@@ -198,12 +202,14 @@ type delivered struct {
 }
 
 // readAll reads every message of the topic, partition by partition, each in
-// log order.
+// log order. It fetches with plain Fetch requests from offset 0 to the end
+// offset, so it waits only on the broker's answers; the deadline bounds a
+// hang, generously, for loaded machines.
 func (b *bundle) readAll(t testing.TB) [][]delivered {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	cl := &kafka.Client{Addr: kafka.TCP(b.brokers...), Timeout: 10 * time.Second}
+	cl := &kafka.Client{Addr: kafka.TCP(b.brokers...), Timeout: time.Minute}
 	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
 	for p := range b.parts {
 		req.Topics[b.topic] = append(req.Topics[b.topic], kafka.LastOffsetOf(p))
@@ -225,14 +231,12 @@ func (b *bundle) readAll(t testing.TB) [][]delivered {
 		wg.Add(1)
 		go func(p int, end int64) {
 			defer wg.Done()
-			r := kafka.NewReader(kafka.ReaderConfig{Brokers: b.brokers, Topic: b.topic, Partition: p, MaxWait: 50 * time.Millisecond})
-			defer r.Close()
-			for {
-				m, err := r.ReadMessage(ctx)
-				if err != nil {
-					errs <- fmt.Errorf("partition %d: %w", p, err)
-					return
-				}
+			msgs, err := fetchPartition(ctx, cl, b.topic, p, end)
+			if err != nil {
+				errs <- fmt.Errorf("partition %d: %w", p, err)
+				return
+			}
+			for _, m := range msgs {
 				env, err := envelope.Decode(m)
 				if err != nil {
 					errs <- fmt.Errorf("partition %d offset %d: %w", p, m.Offset, err)
@@ -248,9 +252,6 @@ func (b *bundle) readAll(t testing.TB) [][]delivered {
 					return
 				}
 				out[p] = append(out[p], delivered{partition: p, offset: m.Offset, key: string(m.Key), seq: int(s.Fields["seq"].GetNumberValue()), id: env.EventID})
-				if m.Offset+1 >= end {
-					return
-				}
 			}
 		}(po.Partition, po.LastOffset)
 	}
@@ -260,6 +261,49 @@ func (b *bundle) readAll(t testing.TB) [][]delivered {
 		t.Fatal(err)
 	}
 	return out
+}
+
+// fetchPartition returns the messages of a partition from offset 0 up to
+// end, in log order, retrying failed fetches until ctx ends.
+func fetchPartition(ctx context.Context, cl *kafka.Client, topic string, p int, end int64) ([]kafka.Message, error) {
+	var msgs []kafka.Message
+	offset := int64(0)
+	for offset < end {
+		resp, err := cl.Fetch(ctx, &kafka.FetchRequest{Topic: topic, Partition: p, Offset: offset, MinBytes: 1, MaxBytes: 8 << 20, MaxWait: 100 * time.Millisecond})
+		if err == nil && resp.Error != nil {
+			err = resp.Error
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, fmt.Errorf("fetch at offset %d of %d: %w", offset, end, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+			continue
+		}
+		for {
+			rec, err := resp.Records.ReadRecord()
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			if err != nil {
+				return nil, fmt.Errorf("read record at offset %d: %w", offset, err)
+			}
+			if rec.Offset < offset {
+				continue
+			}
+			key, err := kafka.ReadAll(rec.Key)
+			if err != nil {
+				return nil, err
+			}
+			value, err := kafka.ReadAll(rec.Value)
+			if err != nil {
+				return nil, err
+			}
+			msgs = append(msgs, kafka.Message{Topic: topic, Partition: p, Offset: rec.Offset, Key: key, Value: value, Headers: rec.Headers})
+			offset = rec.Offset + 1
+		}
+	}
+	return msgs, nil
 }
 
 // checkDelivery asserts that what Kafka holds is exactly the events of want

@@ -9,7 +9,7 @@ import (
 // to Prometheus). Every field is optional. The relay calls them from its Run
 // goroutine, one at a time; they must not block.
 type Metrics struct {
-	// Batch is called with the number of rows of each claimed batch.
+	// Batch is called with the number of rows of each batch sent.
 	Batch func(rows int)
 	// Published is called after a batch commits with the number of rows the
 	// broker acknowledged and that are now marked published; summed over
@@ -32,6 +32,9 @@ type Hooks struct {
 	// there: nothing of the batch is marked, the relay's connections are
 	// closed (its lanes freed) and Run returns the error.
 	AfterPublish func(ctx context.Context, rows []Row) error
+	// AfterClaim runs after the relay claimed a non-empty batch, before it
+	// is sent (with pipelining, while the previous batch is in flight).
+	AfterClaim func(ctx context.Context, rows []Row)
 }
 
 // Row describes one outbox row handed to a hook.

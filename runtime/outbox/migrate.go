@@ -28,8 +28,9 @@ func schemaOptions(opts []Option) (schemaConfig, tableName, error) {
 	return c, t, err
 }
 
-// Migrate creates the outbox table, its indexes and its notify trigger, or
-// brings them up to date. It is idempotent and safe to run from several
+// Migrate creates the outbox table and its indexes, or brings them up to
+// date (it drops the NOTIFY trigger of earlier versions, which serialised
+// the commits of concurrent writers). It is idempotent and safe to run from several
 // processes at once: the work happens in one transaction holding an
 // advisory lock. An unqualified table goes in the first schema of the
 // search_path. The lane count (WithLanes, default 16) is fixed at creation:

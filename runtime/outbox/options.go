@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/protoevents/protoevents/runtime/envelope"
 )
@@ -48,6 +49,11 @@ type relayConfig struct {
 	hooks             Hooks
 	logger            *slog.Logger
 	kafka             []func(*kafka.Writer)
+	shutdownGrace     time.Duration
+	healthInterval    time.Duration
+	stallTimeout      time.Duration
+	logInterval       time.Duration
+	tracerProvider    trace.TracerProvider
 	err               error
 }
 
@@ -107,8 +113,10 @@ func (c *relayConfig) fail(format string, args ...any) {
 	}
 }
 
-// WithBatchSize sets how many rows the relay claims and publishes at once
-// (default 500, at most 10000).
+// WithBatchSize sets the most rows the relay claims and publishes at once
+// (default 500, at most 10000). The batch size adapts to the backlog: it
+// starts at 64 (or n, if smaller), doubles while batches come back full and
+// halves when they come back mostly empty.
 func WithBatchSize(n int) RelayOption {
 	return relayFunc(func(c *relayConfig) {
 		if n < 1 || n > 10000 {
@@ -133,9 +141,12 @@ func WithMaxBatchBytes(n int) RelayOption {
 	})
 }
 
-// WithPollInterval sets how often the relay looks for rows without being
-// notified (default 5s). Notifications normally wake it within
-// milliseconds; polling only covers lost ones.
+// WithPollInterval sets the longest delay between the relay's looks for new
+// rows while it is idle (default 100ms). Right after work it looks every
+// millisecond, doubling the delay on every empty look up to d; a Writer in
+// the same process wakes it at once (Writer.Notify). Each look is one
+// index-only probe of the pending rows, so a short interval costs the
+// database little; a longer one trades latency for fewer queries.
 func WithPollInterval(d time.Duration) RelayOption {
 	return relayFunc(func(c *relayConfig) {
 		if d <= 0 {
@@ -237,4 +248,63 @@ func WithKafkaWriter(fn func(*kafka.Writer)) RelayOption {
 			c.kafka = append(c.kafka, fn)
 		}
 	})
+}
+
+// WithShutdownGrace sets how long the batch in flight when Run's ctx ends
+// may take to be acknowledged and marked before Run gives up on it and
+// returns (default 5s). A batch given up on stays pending and is re-sent
+// later (duplicates); 0 abandons it at once.
+func WithShutdownGrace(d time.Duration) RelayOption {
+	return relayFunc(func(c *relayConfig) {
+		if d < 0 {
+			c.fail("shutdown grace %v must not be negative", d)
+			return
+		}
+		c.shutdownGrace = d
+	})
+}
+
+// WithHealthInterval sets how often the relay checks that the database and
+// the brokers answer, for Health (default 5s).
+func WithHealthInterval(d time.Duration) RelayOption {
+	return relayFunc(func(c *relayConfig) {
+		if d <= 0 {
+			c.fail("health interval %v must be positive", d)
+			return
+		}
+		c.healthInterval = d
+	})
+}
+
+// WithStallTimeout sets how long the relay may publish nothing while rows of
+// its lanes have been pending for as long before it reports itself not
+// ready (default 1m): a stuck row, a missing topic, a hung broker.
+func WithStallTimeout(d time.Duration) RelayOption {
+	return relayFunc(func(c *relayConfig) {
+		if d <= 0 {
+			c.fail("stall timeout %v must be positive", d)
+			return
+		}
+		c.stallTimeout = d
+	})
+}
+
+// WithLogInterval sets how often a repeated identical error is logged again,
+// as one line with the number of repeats (default 30s); the first
+// occurrence is always logged at once.
+func WithLogInterval(d time.Duration) RelayOption {
+	return relayFunc(func(c *relayConfig) {
+		if d <= 0 {
+			c.fail("log interval %v must be positive", d)
+			return
+		}
+		c.logInterval = d
+	})
+}
+
+// WithTracerProvider sets where the relay's spans go (default: the global
+// OpenTelemetry provider): one producer span per published batch, linked to
+// the trace of every event in it (the envelope's traceparent).
+func WithTracerProvider(tp trace.TracerProvider) RelayOption {
+	return relayFunc(func(c *relayConfig) { c.tracerProvider = tp })
 }

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,20 +28,32 @@ import (
 // advisory lock on (table OID, lane). Relays announce themselves with a
 // shared lock on (table OID, 2^31-1) and every rebalance interval each one
 // counts the announced relays and keeps at most ceil(lanes/relays) lanes,
-// giving up extra ones between batches and taking free ones. All of a
-// relay's locks and its claim transactions live on one connection, so a
-// crashed or partitioned relay loses its lanes exactly when its in-flight
-// claim is rolled back, never before.
+// giving up extra ones when nothing is in flight and taking free ones. All
+// of a relay's locks and its claims live on one connection, so a crashed or
+// partitioned relay loses its lanes exactly when its session ends.
 //
-// # One batch
+// # Finding rows: adaptive polling
 //
-// In one transaction on that connection: claim the first rows of the owned
-// lanes in id order (FOR UPDATE: lanes are exclusive, so SKIP LOCKED would
-// skip nothing of ours, and waiting on a foreign lock keeps order where
-// skipping would break it), publish them with one kafka-go
-// WriteMessages call (per-message topic, key = event key, acks=all,
-// murmur2 partitioning like the Java client), mark the acknowledged rows
-// published in one UPDATE, commit.
+// The relay polls its lanes' pending rows (a partial index on id): right
+// after work every millisecond, doubling the delay on every empty poll up to
+// the poll interval (WithPollInterval, default 100ms). A Writer in the same
+// process wakes it at once (Writer.Notify). There is no NOTIFY trigger: it
+// would serialise the commits of all outbox writers (docs/design.md).
+//
+// # Pipelined batches
+//
+// A batch is claimed (the first rows of the owned lanes in id order,
+// without a transaction: the lanes are exclusive), published with one
+// kafka-go WriteMessages call (per-message topic, key = event key,
+// acks=all, murmur2 partitioning like the Java client) and marked
+// published in one UPDATE. While a batch is in flight the relay marks the
+// previous one and claims the next (excluding the rows in flight), so the
+// database work overlaps the produce round trip. At most one batch is in
+// flight: the next is sent only once the previous one is acknowledged, and
+// without the rows of keys that failed in it, so a key's events never
+// overtake each other. The batch size adapts to the backlog: it starts at
+// 64 rows, doubles while batches come back full, up to WithBatchSize
+// (default 500), and halves when they come back mostly empty.
 //
 // # Partial failures
 //
@@ -65,24 +78,33 @@ import (
 // re-sent after a failure or crash are duplicates with the same event_id,
 // which consumers deduplicate.
 //
-// # Takeover
+// # Shutdown and takeover
 //
-// If a relay's database session dies while its publish is still in flight,
-// the lanes' next owner re-sends from the same first pending row. Both
-// batches are contiguous runs of each key's events, each appended
-// atomically per partition, so after deduplication by event_id every key is
-// still in order, although the raw log may then hold a stale duplicate after
-// newer events.
+// When ctx ends, the batch in flight gets the shutdown grace
+// (WithShutdownGrace, default 5s) to be acknowledged and marked; only a
+// batch still unacknowledged after it is abandoned (its rows stay pending
+// and are re-sent). If a relay's database session dies while its publish is
+// still in flight, the lanes' next owner re-sends from the same first
+// pending row. Both batches are contiguous runs of each key's events, each
+// appended atomically per partition, so after deduplication by event_id
+// every key is still in order, although the raw log may then hold a stale
+// duplicate after newer events.
+//
+// # Health
+//
+// Health, LiveHandler and ReadyHandler report whether the relay runs, can
+// reach the database and the brokers (checked every WithHealthInterval and
+// by its own work) and makes progress. Run waits for both at start, with
+// backoff, and never returns on an outage; repeated identical errors are
+// logged once and then summarised (WithLogInterval), recoveries are logged.
 //
 // # Known limits
 //
 // Rows for a topic that does not exist (and is not auto-created, see
 // WithKafkaWriter) stay pending, the topic parked and retried with backoff
 // (up to WithBackoff's maximum), until the topic is created; other topics
-// flow meanwhile and the error is in TableStatus.LastError. A row larger
-// than the broker's message.max.bytes is refused by the broker and holds up
-// its key forever: an operator has to delete it. The lane count is fixed
-// per table.
+// flow meanwhile and the error is in TableStatus.LastError. The lane count
+// is fixed per table.
 type Relay struct {
 	pool    *pgxpool.Pool
 	brokers []string
@@ -90,6 +112,9 @@ type Relay struct {
 	cfg     relayConfig
 	log     *slog.Logger
 	running atomic.Bool
+	health  healthState
+	folds   folder
+	tracer  batchTracer
 }
 
 // NewRelay returns a relay for the outbox table (default "outbox") reached
@@ -101,11 +126,16 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, opts ...RelayOption) (*Relay
 	if len(brokers) == 0 {
 		return nil, errors.New("outbox: relay: no Kafka brokers")
 	}
+	for _, b := range brokers {
+		if b == "" {
+			return nil, errors.New("outbox: relay: empty Kafka broker address: give host:port")
+		}
+	}
 	c := relayConfig{
 		table:             DefaultTable,
-		batchSize:         500,
+		batchSize:         defaultBatchSize,
 		maxBatchBytes:     900 << 10,
-		pollInterval:      5 * time.Second,
+		pollInterval:      defaultPollInterval,
 		rebalanceInterval: 2 * time.Second,
 		statusInterval:    10 * time.Second,
 		retention:         24 * time.Hour,
@@ -114,6 +144,10 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, opts ...RelayOption) (*Relay
 		backoffMin:        100 * time.Millisecond,
 		backoffMax:        30 * time.Second,
 		logger:            slog.Default(),
+		shutdownGrace:     5 * time.Second,
+		healthInterval:    5 * time.Second,
+		stallTimeout:      time.Minute,
+		logInterval:       30 * time.Second,
 	}
 	for _, o := range opts {
 		if o != nil {
@@ -127,8 +161,19 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, opts ...RelayOption) (*Relay
 	if err != nil {
 		return nil, err
 	}
-	return &Relay{pool: pool, brokers: append([]string(nil), brokers...), table: t, cfg: c, log: c.logger.With("outbox", t.String())}, nil
+	log := c.logger.With("outbox", t.String())
+	r := &Relay{pool: pool, brokers: append([]string(nil), brokers...), table: t, cfg: c, log: log}
+	r.folds = folder{log: log, every: c.logInterval}
+	r.tracer = newBatchTracer(c.tracerProvider)
+	return r, nil
 }
+
+// Defaults of the adaptive batch size: it starts at minBatch (or the
+// configured maximum, if smaller) and grows up to the maximum.
+const (
+	defaultBatchSize = 500
+	minBatch         = 64
+)
 
 // crashError is a hook's simulated crash; Run returns it.
 type crashError struct{ err error }
@@ -137,37 +182,55 @@ func (e *crashError) Error() string { return "outbox: relay: hook: " + e.err.Err
 func (e *crashError) Unwrap() error { return e.err }
 
 // Run relays until ctx is canceled, then returns nil after shutting down:
-// an in-flight publish is abandoned (its rows stay pending and are re-sent
-// later) but a batch the broker already acknowledged is still marked. It
-// retries database and broker failures with backoff, also while looking the
-// table up at start (each failure is logged and reported to
-// Metrics.PublishFailed); it returns an error only if the table does not
-// exist (ErrNoTable) or is not an outbox, or a hook simulated a crash.
-// A Relay runs at most once at a time.
+// the batch in flight gets the shutdown grace (WithShutdownGrace) to be
+// acknowledged and marked. It waits for the database and the brokers at
+// start and retries their failures with backoff (each failure is logged,
+// folded when repeated, and reported to Metrics.PublishFailed); it returns
+// an error only if the table does not exist (ErrNoTable) or is not an
+// outbox, or a hook simulated a crash. A Relay runs at most once at a time.
 func (r *Relay) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("outbox: relay: already running")
 	}
 	defer r.running.Store(false)
+	r.health.start()
+	defer r.health.stop()
+
+	w := r.newKafkaWriter()
+	kc := &kafka.Client{Addr: w.Addr, Transport: w.Transport}
+	probeCtx, stopProbe := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.probe(probeCtx, kc)
+	}()
+	defer func() {
+		stopProbe()
+		wg.Wait()
+	}()
+
+	// The batch in flight at shutdown keeps going for the grace period.
+	graceCtx, cancelGrace := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelGrace()
+	stopGrace := context.AfterFunc(ctx, func() { time.AfterFunc(r.cfg.shutdownGrace, cancelGrace) })
+	defer stopGrace()
 
 	rt, err := r.resolveTable(ctx)
 	if err != nil {
+		_ = w.Close()
 		if ctx.Err() != nil {
 			return nil
 		}
 		return err
 	}
-	w := r.newKafkaWriter()
-	wake := make(chan struct{}, 1)
-	listenCtx, stopListen := context.WithCancel(ctx)
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		r.listen(listenCtx, rt.channel(), wake)
-	}()
+	r.health.setTable(rt)
+	r.waitKafka(ctx, kc)
 
-	l := &loop{r: r, t: rt, q: newQueries(rt.qualified()), w: w, wake: wake, bo: backoff{min: r.cfg.backoffMin, max: r.cfg.backoffMax}}
+	wake := make(chan struct{}, 1)
+	defer registerWake(rt.schema, rt.name, wake)()
+	l := &loop{r: r, t: rt, q: newQueries(rt.qualified()), w: w, wake: wake, grace: graceCtx,
+		bo: backoff{min: r.cfg.backoffMin, max: r.cfg.backoffMax}, limit: min(minBatch, r.cfg.batchSize), poll: pollMin}
 	err = l.run(ctx)
 
 	// Shut down in an order that keeps lane ownership airtight: first let
@@ -179,8 +242,6 @@ func (r *Relay) Run(ctx context.Context) error {
 	if l.s != nil {
 		l.s.close(ctx)
 	}
-	stopListen()
-	wg.Wait()
 	return err
 }
 
@@ -190,8 +251,10 @@ func (r *Relay) Run(ctx context.Context) error {
 func (r *Relay) resolveTable(ctx context.Context) (resolvedTable, error) {
 	bo := backoff{min: r.cfg.backoffMin, max: r.cfg.backoffMax}
 	for {
+		r.health.alive() // waiting for a dependency is not being stuck
 		rt, err := resolve(ctx, r.pool, r.table)
 		if err == nil {
+			r.dep(depDatabase, nil)
 			return rt, nil
 		}
 		if ctx.Err() != nil {
@@ -200,8 +263,32 @@ func (r *Relay) resolveTable(ctx context.Context) (resolvedTable, error) {
 		if errors.Is(err, ErrNoTable) || errors.Is(err, errNotOutbox) {
 			return rt, err
 		}
+		r.dep(depDatabase, err)
 		d := bo.next()
-		r.log.Warn("outbox relay: look up table: retrying", "err", err, "backoff", d)
+		r.folds.warn(depDatabase, "outbox relay: waiting for the database", err, "backoff", d)
+		if f := r.cfg.metrics.PublishFailed; f != nil {
+			f(err)
+		}
+		sleep(ctx, d)
+	}
+}
+
+// waitKafka returns once the brokers answer (or ctx ends), retrying with
+// backoff: a relay that cannot reach them would only fail its batches.
+func (r *Relay) waitKafka(ctx context.Context, kc *kafka.Client) {
+	bo := backoff{min: r.cfg.backoffMin, max: r.cfg.backoffMax}
+	for ctx.Err() == nil {
+		r.health.alive()
+		err := r.pingKafka(ctx, kc)
+		if ctx.Err() != nil {
+			return
+		}
+		r.dep(depKafka, err)
+		if err == nil {
+			return
+		}
+		d := bo.next()
+		r.folds.warn(depKafka, "outbox relay: waiting for the Kafka brokers", err, "brokers", r.brokers, "backoff", d)
 		if f := r.cfg.metrics.PublishFailed; f != nil {
 			f(err)
 		}
@@ -236,8 +323,8 @@ func (r *Relay) newKafkaWriter() *kafka.Writer {
 }
 
 // connConfig returns the pool's connection settings (search_path
-// included) for a dedicated connection outside the pool: session locks and
-// LISTEN must not leak into pooled connections.
+// included) for a dedicated connection outside the pool: session locks must
+// not leak into pooled connections.
 func (r *Relay) connConfig(appName string) *pgx.ConnConfig {
 	cc := r.pool.Config().ConnConfig
 	if cc.RuntimeParams == nil {
@@ -254,8 +341,14 @@ type loop struct {
 	q    queries
 	w    *kafka.Writer
 	wake chan struct{}
-	s    *session
-	bo   backoff
+	// grace is canceled the shutdown grace after Run's ctx: the batch in
+	// flight is published and marked under it.
+	grace context.Context
+	s     *session
+	bo    backoff
+	// limit is the adaptive batch size; poll the next idle poll delay.
+	limit int
+	poll  time.Duration
 	// parked are keys whose partition refused them recently: the claim
 	// leaves all their rows alone until the key's own backoff ends, so the
 	// keys behind them in the lanes keep flowing while their order is kept.
@@ -274,10 +367,11 @@ func (l *loop) run(ctx context.Context) error {
 	now := time.Now()
 	l.nextCleanup, l.nextStatus = now, now
 	for ctx.Err() == nil {
+		l.r.health.alive()
 		if l.s == nil {
 			s, err := connectSession(ctx, l.r.connConfig("protoevents-relay"), l.t)
 			if err != nil {
-				l.failed(ctx, err)
+				l.failed(ctx, dbErr(err))
 				continue
 			}
 			l.s, l.nextRebalance = s, time.Time{}
@@ -287,11 +381,13 @@ func (l *loop) run(ctx context.Context) error {
 			changed, err := l.s.rebalance(ctx)
 			if err != nil {
 				l.dropSession(ctx)
-				l.failed(ctx, err)
+				l.failed(ctx, dbErr(err))
 				continue
 			}
+			l.r.dep(depDatabase, nil)
 			if changed {
 				l.r.log.Debug("outbox relay: lanes", "owned", l.s.owned)
+				l.r.health.setLanes(l.s.owned)
 				if f := cfg.metrics.Lanes; f != nil {
 					f(len(l.s.owned))
 				}
@@ -309,7 +405,7 @@ func (l *loop) run(ctx context.Context) error {
 			}
 			l.nextStatus = now.Add(cfg.statusInterval)
 		}
-		more, err := l.batch(ctx)
+		n, err := l.pump(ctx)
 		if err != nil {
 			var crash *crashError
 			if errors.As(err, &crash) {
@@ -318,14 +414,6 @@ func (l *loop) run(ctx context.Context) error {
 			if ctx.Err() != nil {
 				return nil
 			}
-			var partial *partialError
-			if errors.As(err, &partial) && (partial.acked > 0 || partial.topics > 0) {
-				// Some partitions took their share, or the failure was
-				// confined to topics now parked: the failing keys and
-				// topics wait, the rest can go on at once.
-				l.report(err)
-				continue
-			}
 			if l.s.conn.IsClosed() {
 				l.dropSession(ctx)
 			}
@@ -333,17 +421,29 @@ func (l *loop) run(ctx context.Context) error {
 			continue
 		}
 		l.bo.reset()
-		if !more {
-			l.idle(ctx)
+		if n > 0 {
+			l.poll = pollMin
+			continue
 		}
+		l.idle(ctx)
 	}
 	return nil
 }
 
-// idle waits for a notification, the poll interval or the next periodic
-// task, whichever comes first.
+// due reports whether a periodic task waits: the pipeline then drains so
+// that it runs with nothing in flight.
+func (l *loop) due() bool {
+	now := time.Now()
+	return !now.Before(l.nextRebalance) || !now.Before(l.nextCleanup) ||
+		(l.r.cfg.metrics.Pending != nil && !now.Before(l.nextStatus))
+}
+
+// idle waits for a wake-up, the adaptive poll delay or the next periodic
+// task, whichever comes first. The poll delay doubles after every empty
+// poll, up to the poll interval; a wake-up or work resets it.
 func (l *loop) idle(ctx context.Context) {
-	d := min(l.r.cfg.pollInterval, time.Until(l.nextRebalance), time.Until(l.nextCleanup))
+	d := min(l.poll, time.Until(l.nextRebalance), time.Until(l.nextCleanup))
+	l.poll = min(2*l.poll, l.r.cfg.pollInterval)
 	if l.r.cfg.metrics.Pending != nil {
 		d = min(d, time.Until(l.nextStatus))
 	}
@@ -365,17 +465,23 @@ func (l *loop) idle(ctx context.Context) {
 	select {
 	case <-ctx.Done():
 	case <-l.wake:
+		l.poll = pollMin
 	case <-t.C:
 	}
 }
 
-// failed reports err and sleeps for the next backoff delay.
+// failed reports err, records it in the health and sleeps for the next
+// backoff delay.
 func (l *loop) failed(ctx context.Context, err error) {
 	if ctx.Err() != nil {
 		return
 	}
+	dep := depOf(err)
+	if dep == depDatabase || dep == depKafka {
+		l.r.dep(dep, err)
+	}
 	d := l.bo.next()
-	l.r.log.Warn("outbox relay: retrying", "err", err, "backoff", d)
+	l.r.folds.warn(dep, "outbox relay: retrying", err, "backoff", d)
 	if f := l.r.cfg.metrics.PublishFailed; f != nil {
 		f(err)
 	}
@@ -384,22 +490,54 @@ func (l *loop) failed(ctx context.Context, err error) {
 
 // report records a failure that needs no pause.
 func (l *loop) report(err error) {
-	l.r.log.Warn("outbox relay: partial failure; failing keys and topics parked", "err", err, "parked_keys", len(l.parked), "parked_topics", len(l.parkedTopics))
+	l.r.folds.warn(depPublish, "outbox relay: partial failure; failing keys and topics parked", err, "parked_keys", len(l.parked), "parked_topics", len(l.parkedTopics))
 	if f := l.r.cfg.metrics.PublishFailed; f != nil {
 		f(err)
 	}
 }
 
-// partialError is a publish in which some rows failed; acked counts those
-// the broker took, topics the topics parked because of it.
-type partialError struct {
-	acked  int
-	topics int
-	err    error
+// publishError is a publish in which rows failed. Its text sums the
+// per-message errors up (each distinct error once, with its row count and
+// topics) where kafka.WriteErrors repeats one text per message.
+type publishError struct{ out *outcome }
+
+func (e *publishError) Error() string {
+	out := e.out
+	var werrs kafka.WriteErrors
+	if !errors.As(out.pubErr, &werrs) || len(werrs) != len(out.batch) {
+		return fmt.Sprintf("outbox: relay: publish %d rows: %v", len(out.batch), out.pubErr)
+	}
+	type group struct {
+		rows   int
+		topics []string
+	}
+	var order []string
+	groups := map[string]*group{}
+	for i, err := range werrs {
+		if err == nil {
+			continue
+		}
+		text := err.Error()
+		g := groups[text]
+		if g == nil {
+			g = &group{}
+			groups[text] = g
+			order = append(order, text)
+		}
+		g.rows++
+		if t := out.batch[i].Topic; !slices.Contains(g.topics, t) {
+			g.topics = append(g.topics, t)
+		}
+	}
+	parts := make([]string, len(order))
+	for i, text := range order {
+		g := groups[text]
+		parts[i] = fmt.Sprintf("%s (%d rows, topics %q)", text, g.rows, g.topics)
+	}
+	return fmt.Sprintf("outbox: relay: publish: %d of %d rows failed: %s", len(out.failed), len(out.batch), strings.Join(parts, "; "))
 }
 
-func (e *partialError) Error() string { return e.err.Error() }
-func (e *partialError) Unwrap() error { return e.err }
+func (e *publishError) Unwrap() error { return e.out.pubErr }
 
 type topicKey struct{ topic, key string }
 
@@ -452,7 +590,8 @@ func (l *loop) parkTopics(topics []string) {
 
 // parkedNow returns the keys (as topic and key arrays) and the topics still
 // parked, as claim parameters; never nil, since a NULL array would make
-// the claim skip every row.
+// the claim skip every row. Claims start at the head of the lanes, so a key
+// whose backoff ended is claimed from its earliest pending row.
 func (l *loop) parkedNow() (keyTopics []string, keys [][]byte, topics []string) {
 	now := time.Now()
 	keyTopics, keys, topics = []string{}, [][]byte{}, []string{}
@@ -470,9 +609,17 @@ func (l *loop) parkedNow() (keyTopics []string, keys [][]byte, topics []string) 
 	return keyTopics, keys, topics
 }
 
+// failedIn reports whether a row's key or topic failed in the judged batch:
+// its later rows, claimed while that batch was in flight, must wait.
+func failedIn(out *outcome, c *claimed) bool {
+	return slices.Contains(out.refusedTopics, c.Topic) ||
+		slices.Contains(out.failing, topicKey{c.Topic, string(c.Key)})
+}
+
 func (l *loop) dropSession(ctx context.Context) {
 	l.s.close(ctx)
 	l.s = nil
+	l.r.health.setLanes(nil)
 	if f := l.r.cfg.metrics.Lanes; f != nil {
 		f(0)
 	}
@@ -485,32 +632,23 @@ type claimed struct {
 	headers string
 }
 
-// batch relays one batch of the owned lanes. It reports whether more rows
-// are probably waiting (the batch was full).
-func (l *loop) batch(ctx context.Context) (more bool, err error) {
-	if len(l.s.owned) == 0 {
-		return false, nil
+// claim reads the next batch of the owned lanes: the first pending rows in
+// id order, without those in flight and those of keys and topics parked
+// now, at most the adaptive batch size, which it then adapts.
+func (l *loop) claim(ctx context.Context, inFlight []claimed) ([]claimed, error) {
+	exclude := make([]int64, len(inFlight))
+	for i := range inFlight {
+		exclude[i] = inFlight[i].ID
 	}
-	cfg := &l.r.cfg
-	tx, err := l.s.conn.Begin(ctx)
-	if err != nil {
-		return false, fmt.Errorf("outbox: relay: begin: %w", err)
-	}
-	defer func() {
-		if err != nil || ctx.Err() != nil {
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			defer cancel()
-			_ = tx.Rollback(rctx)
-		}
-	}()
 	var rows pgx.Rows
+	var err error
 	if keyTopics, keys, topics := l.parkedNow(); len(keys) > 0 || len(topics) > 0 {
-		rows, err = tx.Query(ctx, l.q.claimUnparked, l.s.owned, cfg.batchSize, keyTopics, keys, topics)
+		rows, err = l.s.conn.Query(ctx, l.q.claimUnparked, l.s.owned, l.limit, exclude, keyTopics, keys, topics)
 	} else {
-		rows, err = tx.Query(ctx, l.q.claim, l.s.owned, cfg.batchSize)
+		rows, err = l.s.conn.Query(ctx, l.q.claim, l.s.owned, l.limit, exclude)
 	}
 	if err != nil {
-		return false, fmt.Errorf("outbox: relay: claim: %w", err)
+		return nil, dbErr(fmt.Errorf("outbox: relay: claim: %w", err))
 	}
 	var batch []claimed
 	var c claimed
@@ -519,114 +657,252 @@ func (l *loop) batch(ctx context.Context) (more bool, err error) {
 		return nil
 	})
 	if err != nil {
-		return false, fmt.Errorf("outbox: relay: claim: %w", err)
+		return nil, dbErr(fmt.Errorf("outbox: relay: claim: %w", err))
 	}
-	if len(batch) == 0 {
-		if err := tx.Commit(ctx); err != nil {
-			return false, fmt.Errorf("outbox: relay: commit: %w", err)
+	l.r.dep(depDatabase, nil)
+	switch n := len(batch); {
+	case n >= l.limit:
+		l.limit = min(2*l.limit, l.r.cfg.batchSize)
+	case n < l.limit/4:
+		l.limit = max(min(minBatch, l.r.cfg.batchSize), l.limit/2)
+	}
+	if h := l.r.cfg.hooks.AfterClaim; h != nil && len(batch) > 0 {
+		h(ctx, rowsOf(batch))
+	}
+	return batch, nil
+}
+
+func rowsOf(batch []claimed) []Row {
+	rows := make([]Row, len(batch))
+	for i := range batch {
+		rows[i] = batch[i].Row
+	}
+	return rows
+}
+
+// flight is a batch being published.
+type flight struct {
+	batch []claimed
+	msgs  []kafka.Message
+	done  chan struct{}
+	err   error // the publish's outcome, once done is closed
+}
+
+// outcome is a published batch, split into what to mark.
+type outcome struct {
+	batch          []claimed
+	pubErr         error
+	acked, failed  []int64
+	failing        []topicKey
+	refusedTopics  []string
+	abandoned      bool // shutdown grace ran out: nothing to mark
+	wholeCallError bool // nothing went through and no topic was parked
+}
+
+// pump relays batches, pipelined, until no row is left to claim, a
+// periodic task is due, ctx ends or a failure needs a pause; it returns
+// with nothing in flight, and the number of rows published.
+func (l *loop) pump(ctx context.Context) (int, error) {
+	if len(l.s.owned) == 0 {
+		return 0, nil
+	}
+	// The claims run under the grace context: canceling a query makes pgx
+	// close the connection, which would also lose the marks of the batch
+	// in flight. ctx is checked between the steps instead.
+	cur, err := l.claim(l.grace, nil)
+	if err != nil || len(cur) == 0 || ctx.Err() != nil {
+		return 0, err
+	}
+	total := 0
+	var prev *outcome
+	for {
+		l.r.health.alive()
+		fl, err := l.send(cur)
+		if err != nil {
+			n, serr := l.settle(prev)
+			return total + n, errors.Join(err, serr)
 		}
-		return false, nil
+		// While the batch is in flight: mark the previous one and claim
+		// the next.
+		var next []claimed
+		n, dberr := l.settle(prev)
+		total += n
+		prev = nil
+		if dberr == nil && ctx.Err() == nil && !l.due() {
+			next, dberr = l.claim(l.grace, fl.batch)
+		}
+		<-fl.done
+		out := l.judge(fl)
+		if out.abandoned {
+			return total, ctx.Err()
+		}
+		if h := l.r.cfg.hooks.AfterPublish; h != nil && out.pubErr == nil {
+			if herr := h(ctx, rowsOf(out.batch)); herr != nil {
+				return total, &crashError{err: herr}
+			}
+		}
+		if dberr != nil {
+			n, _ := l.settle(out)
+			return total + n, dberr
+		}
+		if out.wholeCallError {
+			n, serr := l.settle(out)
+			perr := error(&depError{dep: depKafka, err: &publishError{out: out}})
+			var werrs kafka.WriteErrors
+			if errors.As(out.pubErr, &werrs) {
+				// The brokers answered, refusing every row: they are
+				// reachable, the rows are the problem.
+				perr = &depError{dep: depPublish, err: &publishError{out: out}}
+			}
+			return total + n, errors.Join(perr, serr)
+		}
+		if out.pubErr != nil {
+			l.report(&publishError{out: out})
+		}
+		prev = out
+		if ctx.Err() != nil {
+			break
+		}
+		// The next batch goes out only now that this one is acknowledged,
+		// and without the keys and topics that just failed (parked).
+		if out.pubErr != nil {
+			next = slices.DeleteFunc(next, func(c claimed) bool { return failedIn(out, &c) })
+		}
+		if len(next) == 0 {
+			break
+		}
+		cur = next
 	}
-	full := len(batch) == cfg.batchSize
+	n, err := l.settle(prev)
+	return total + n, err
+}
+
+// send starts publishing batch (up to the batch byte cap: the rest is
+// dropped from it and claimed again later) and returns the flight.
+func (l *loop) send(batch []claimed) (*flight, error) {
 	msgs := make([]kafka.Message, 0, len(batch))
 	size := 0
 	for i, row := range batch {
 		hs, err := decodeHeaders(row.headers)
 		if err != nil {
-			return false, fmt.Errorf("outbox: relay: row %d (%s): %w", row.ID, row.EventID, err)
+			return nil, fmt.Errorf("outbox: relay: row %d (%s): %w", row.ID, row.EventID, err)
 		}
 		m := kafka.Message{Topic: row.Topic, Key: row.Key, Value: row.value, Headers: hs}
 		// Cap the batch in bytes so every partition's share fits one
 		// produce request; the rest stays pending for the next batch.
-		if size += estimateSize(&m); i > 0 && size > cfg.maxBatchBytes {
-			batch, full = batch[:i], true
+		if size += estimateSize(&m); i > 0 && size > l.r.cfg.maxBatchBytes {
+			batch = batch[:i]
+			// Claim no more than fits next time: the rest would be read
+			// again and again only to be dropped here.
+			l.limit = max(min(minBatch, l.r.cfg.batchSize), i)
 			break
 		}
 		msgs = append(msgs, m)
 	}
-	if f := cfg.metrics.Batch; f != nil {
+	if f := l.r.cfg.metrics.Batch; f != nil {
 		f(len(batch))
 	}
+	fl := &flight{batch: batch, msgs: msgs, done: make(chan struct{})}
+	go func() {
+		defer close(fl.done)
+		ctx, end := l.r.tracer.start(l.grace, fl)
+		fl.err = l.w.WriteMessages(ctx, fl.msgs...)
+		if fl.err != nil && l.grace.Err() == nil {
+			fl.err = l.retryByTopic(ctx, fl.msgs, fl.err)
+		}
+		end(fl.err)
+	}()
+	return fl, nil
+}
 
-	pubErr := l.w.WriteMessages(ctx, msgs...)
-	if pubErr != nil && ctx.Err() == nil {
-		pubErr = l.retryByTopic(ctx, msgs, pubErr)
+// judge splits a finished flight into what to mark and parks the keys and
+// topics that failed.
+func (l *loop) judge(fl *flight) *outcome {
+	out := &outcome{batch: fl.batch, pubErr: fl.err}
+	if fl.err != nil && l.grace.Err() != nil {
+		// The shutdown grace ran out mid-publish: abandon; nothing is
+		// marked, the rows are re-sent by whoever owns the lanes next.
+		out.abandoned = true
+		return out
 	}
-	if pubErr != nil && ctx.Err() != nil {
-		// Shutting down mid-publish: abandon; nothing is marked, the rows
-		// are re-sent by whoever owns the lanes next.
-		return false, ctx.Err()
-	}
-	acked, failed, failing := ackedRows(batch, pubErr)
-	downTopics := refusedTopics(batch, pubErr)
-	if len(downTopics) > 0 {
+	out.acked, out.failed, out.failing = ackedRows(fl.batch, fl.err)
+	out.refusedTopics = refusedTopics(fl.batch, fl.err)
+	if len(out.refusedTopics) > 0 {
 		// The topic's rows wait as a whole; parking its keys as well
 		// would only grow the claim's parameters.
-		down := make(map[string]bool, len(downTopics))
-		for _, t := range downTopics {
+		down := make(map[string]bool, len(out.refusedTopics))
+		for _, t := range out.refusedTopics {
 			down[t] = true
 		}
-		failing = slices.DeleteFunc(failing, func(k topicKey) bool { return down[k.topic] })
+		out.failing = slices.DeleteFunc(out.failing, func(k topicKey) bool { return down[k.topic] })
 	}
-	if pubErr == nil && cfg.hooks.AfterPublish != nil {
-		rows := make([]Row, len(batch))
-		for i := range batch {
-			rows[i] = batch[i].Row
-		}
-		if herr := cfg.hooks.AfterPublish(ctx, rows); herr != nil {
-			return false, &crashError{err: herr}
-		}
+	if len(out.acked) > 0 {
+		l.r.dep(depKafka, nil)
 	}
-	// The broker has the acknowledged rows: mark them even if ctx is being
-	// canceled, to spare the consumers duplicates.
-	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	if len(acked) > 0 {
-		if _, err := tx.Exec(mctx, l.q.markPublished, acked); err != nil {
-			return false, fmt.Errorf("outbox: relay: mark published: %w", err)
-		}
+	if fl.err == nil {
+		l.r.folds.recovered(depPublish)
 	}
-	if len(failed) > 0 {
-		if _, err := tx.Exec(mctx, l.q.markFailed, failed, failureText(pubErr)); err != nil {
-			return false, fmt.Errorf("outbox: relay: record failure: %w", err)
-		}
-	}
-	if err := tx.Commit(mctx); err != nil {
-		return false, fmt.Errorf("outbox: relay: commit: %w", err)
-	}
-	if f := cfg.metrics.Published; f != nil && len(acked) > 0 {
-		f(len(acked))
-	}
-	if len(l.parked) > 0 && len(acked) > 0 {
+	if len(l.parked) > 0 && len(out.acked) > 0 {
 		// Keys that got through are no longer parked.
-		still := make(map[topicKey]bool, len(failing))
-		for _, k := range failing {
+		still := make(map[topicKey]bool, len(out.failing))
+		for _, k := range out.failing {
 			still[k] = true
 		}
-		for i := range batch {
-			if k := (topicKey{batch[i].Topic, string(batch[i].Key)}); !still[k] {
+		for i := range fl.batch {
+			if k := (topicKey{fl.batch[i].Topic, string(fl.batch[i].Key)}); !still[k] {
 				delete(l.parked, k)
 			}
 		}
 	}
-	if len(l.parkedTopics) > 0 && len(acked) > 0 {
+	if len(l.parkedTopics) > 0 && len(out.acked) > 0 {
 		// Topics that got through are no longer parked.
-		ok := make(map[int64]bool, len(acked))
-		for _, id := range acked {
+		ok := make(map[int64]bool, len(out.acked))
+		for _, id := range out.acked {
 			ok[id] = true
 		}
-		for i := range batch {
-			if ok[batch[i].ID] {
-				delete(l.parkedTopics, batch[i].Topic)
+		for i := range fl.batch {
+			if ok[fl.batch[i].ID] {
+				delete(l.parkedTopics, fl.batch[i].Topic)
 			}
 		}
 	}
-	if pubErr != nil {
-		l.park(failing)
-		l.parkTopics(downTopics)
-		return false, &partialError{acked: len(acked), topics: len(downTopics), err: fmt.Errorf("outbox: relay: publish %d of %d rows failed: %w", len(failed), len(batch), pubErr)}
+	if fl.err != nil {
+		l.park(out.failing)
+		l.parkTopics(out.refusedTopics)
+		// Nothing went through and no topic was parked: the relay backs
+		// off as a whole (the failing keys stay parked as well).
+		out.wholeCallError = len(out.acked) == 0 && len(out.refusedTopics) == 0
 	}
-	return full, nil
+	return out
+}
+
+// settle marks a judged batch: the acknowledged rows published, the failed
+// ones with their error. The broker has the acknowledged rows, so this runs
+// even while ctx is being canceled, to spare the consumers duplicates. It
+// returns the number of rows marked published.
+func (l *loop) settle(out *outcome) (int, error) {
+	if out == nil || out.abandoned {
+		return 0, nil
+	}
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(l.grace), 10*time.Second)
+	defer cancel()
+	if len(out.acked) > 0 {
+		if _, err := l.s.conn.Exec(mctx, l.q.markPublished, out.acked); err != nil {
+			return 0, dbErr(fmt.Errorf("outbox: relay: mark published: %w", err))
+		}
+	}
+	if len(out.failed) > 0 {
+		if _, err := l.s.conn.Exec(mctx, l.q.markFailed, out.failed, failureText(out.pubErr)); err != nil {
+			return 0, dbErr(fmt.Errorf("outbox: relay: record failure: %w", err))
+		}
+	}
+	if len(out.acked) > 0 {
+		l.r.health.progress()
+		if f := l.r.cfg.metrics.Published; f != nil {
+			f(len(out.acked))
+		}
+	}
+	return len(out.acked), nil
 }
 
 // retryByTopic handles a call that failed as a whole before sending
@@ -800,6 +1076,7 @@ func (l *loop) cleanup(ctx context.Context) {
 	secs := l.r.cfg.retention.Seconds()
 	total := int64(0)
 	for ctx.Err() == nil {
+		l.r.health.alive()
 		tag, err := l.s.conn.Exec(ctx, l.q.cleanup, secs, l.r.cfg.cleanupBatch)
 		if err != nil {
 			if ctx.Err() == nil {
@@ -814,55 +1091,6 @@ func (l *loop) cleanup(ctx context.Context) {
 	}
 	if total > 0 {
 		l.r.log.Debug("outbox relay: cleaned up published rows", "rows", total)
-	}
-}
-
-// listen keeps a LISTEN connection on the table's channel and turns
-// notifications into wake-ups, reconnecting (with backoff) when the
-// connection dies. Each (re)connect also wakes the relay, in case a
-// notification was missed meanwhile.
-func (r *Relay) listen(ctx context.Context, channel string, wake chan<- struct{}) {
-	bo := backoff{min: r.cfg.backoffMin, max: r.cfg.backoffMax}
-	for ctx.Err() == nil {
-		err := r.listenOnce(ctx, channel, wake, &bo)
-		if ctx.Err() != nil {
-			return
-		}
-		d := bo.next()
-		r.log.Warn("outbox relay: listen connection lost", "err", err, "backoff", d)
-		signal(wake)
-		sleep(ctx, d)
-	}
-}
-
-func (r *Relay) listenOnce(ctx context.Context, channel string, wake chan<- struct{}, bo *backoff) error {
-	conn, err := pgx.ConnectConfig(ctx, r.connConfig("protoevents-relay-listen"))
-	if err != nil {
-		return fmt.Errorf("outbox: relay: listen: connect: %w", err)
-	}
-	defer func() {
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		_ = conn.Close(cctx)
-	}()
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
-		return fmt.Errorf("outbox: relay: listen: %w", err)
-	}
-	bo.reset()
-	signal(wake)
-	for {
-		if _, err := conn.WaitForNotification(ctx); err != nil {
-			return fmt.Errorf("outbox: relay: wait for notification: %w", err)
-		}
-		signal(wake)
-	}
-}
-
-// signal wakes the loop without blocking; one pending wake-up is enough.
-func signal(wake chan<- struct{}) {
-	select {
-	case wake <- struct{}{}:
-	default:
 	}
 }
 

@@ -30,12 +30,17 @@ FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = to_regclass($1)`
 
 	// sqlSessionSettings bounds how long a relay that vanished without
-	// closing its connection (a network partition, a frozen VM) keeps its
-	// lanes: the server drops the session when keepalives go unanswered for
-	// about a minute, or when a claim transaction sits idle for five
-	// minutes, far longer than a publish may take.
-	sqlSessionSettings = `SET idle_in_transaction_session_timeout = '5min';
-SET tcp_keepalives_idle = 30; SET tcp_keepalives_interval = 10; SET tcp_keepalives_count = 3`
+	// closing its connection (a network partition, a frozen VM, a hung
+	// process) keeps its lanes: the server drops the session when
+	// keepalives go unanswered for about a minute, or when it sits idle
+	// (Postgres 14 and later) for five minutes, far longer than a publish
+	// or an idle poll takes (a relay whose session was dropped reconnects).
+	// Its commits (marks, cleanup) do not wait for the WAL flush: a mark
+	// lost in a database crash only re-sends rows the consumers deduplicate,
+	// and the lost marks are the latest ones, so per-key order holds.
+	sqlSessionSettings = `SET idle_in_transaction_session_timeout = '5min'; SET synchronous_commit = off;
+SET tcp_keepalives_idle = 30; SET tcp_keepalives_interval = 10; SET tcp_keepalives_count = 3;
+SELECT set_config('idle_session_timeout', '5min', false) WHERE current_setting('server_version_num')::int >= 140000`
 	sqlPresenceLock = `SELECT pg_advisory_lock_shared($1, $2)`
 	sqlLiveRelays   = `SELECT count(*) FROM pg_locks
 WHERE locktype = 'advisory' AND granted AND objsubid = 2
@@ -54,6 +59,7 @@ type queries struct {
 	insertBatch   string
 	claim         string
 	claimUnparked string
+	oldestOwned   string
 	markPublished string
 	markFailed    string
 	cleanup       string
@@ -72,23 +78,32 @@ VALUES ($1, $2, $3, $4, $5, $6::jsonb)`, table),
 SELECT e, t, tp, k, v, h::jsonb
 FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bytea[], $6::text[]) WITH ORDINALITY AS r(e, t, tp, k, v, h, n)
 ORDER BY n`, table),
-		// The head of the relay's lanes, in id order. Plain FOR UPDATE, not
-		// SKIP LOCKED: lanes are owned by one relay, so nothing of ours ever
-		// waits here, and if a foreign transaction did lock a pending row,
-		// waiting keeps per-key order where skipping would break it.
+		// The head of the relay's lanes, in id order, without the rows of
+		// the batch in flight ($3). Always from the head: a row that became
+		// visible late (its transaction committed after a later row was
+		// claimed) or a key whose parking ended is taken before the later
+		// rows of its key. No row locks: lanes are owned by one relay
+		// (advisory locks), so nothing else claims these rows, and the claim
+		// runs outside a transaction so that the next batch can be claimed
+		// while the previous one is being published.
 		claim: fmt.Sprintf(`SELECT id, event_id, event_type, topic, key, lane, value, headers::text, attempts
-FROM %s WHERE published_at IS NULL AND lane = ANY($1::int[])
-ORDER BY id LIMIT $2 FOR UPDATE`, table),
-		// claimUnparked is claim without the rows of parked keys ($3 topics,
-		// $4 keys) and of parked topics ($5): all of a parked key's or
+FROM %s WHERE published_at IS NULL AND lane = ANY($1::int[]) AND id <> ALL($3::bigint[])
+ORDER BY id LIMIT $2`, table),
+		// claimUnparked is claim without the rows of parked keys ($4 topics,
+		// $5 keys) and of parked topics ($6): all of a parked key's or
 		// topic's rows wait, so its order holds. The arrays must not be NULL.
 		claimUnparked: fmt.Sprintf(`SELECT id, event_id, event_type, topic, key, lane, value, headers::text, attempts
-FROM %s o WHERE published_at IS NULL AND lane = ANY($1::int[])
-  AND topic <> ALL($5::text[])
-  AND NOT EXISTS (SELECT 1 FROM unnest($3::text[], $4::bytea[]) AS p(topic, key) WHERE p.topic = o.topic AND p.key = o.key)
-ORDER BY id LIMIT $2 FOR UPDATE`, table),
+FROM %s o WHERE published_at IS NULL AND lane = ANY($1::int[]) AND id <> ALL($3::bigint[])
+  AND topic <> ALL($6::text[])
+  AND NOT EXISTS (SELECT 1 FROM unnest($4::text[], $5::bytea[]) AS p(topic, key) WHERE p.topic = o.topic AND p.key = o.key)
+ORDER BY id LIMIT $2`, table),
+		// oldestOwned is the age in seconds of the first pending row of the
+		// relay's lanes (0 if none), for readiness: the pending index
+		// finds it without counting the backlog.
+		oldestOwned: fmt.Sprintf(`SELECT COALESCE((SELECT EXTRACT(EPOCH FROM now() - created_at)::float8
+FROM %s WHERE published_at IS NULL AND lane = ANY($1::int[]) ORDER BY id LIMIT 1), 0)`, table),
 		markPublished: fmt.Sprintf(`UPDATE %s SET published_at = now(), attempts = attempts + 1, last_error = NULL
-WHERE id = ANY($1::bigint[])`, table),
+WHERE id = ANY($1::bigint[]) AND published_at IS NULL`, table),
 		markFailed: fmt.Sprintf(`UPDATE %s SET attempts = attempts + 1, last_error = $2
 WHERE id = ANY($1::bigint[])`, table),
 		cleanup: fmt.Sprintf(`DELETE FROM %[1]s WHERE id IN (
@@ -106,7 +121,7 @@ FROM %s WHERE published_at IS NULL`, table),
 type schemaData struct {
 	Table, Schema                         string
 	PendingIndex, PublishedIndex, Trigger string
-	Channel, Comment                      string
+	Comment                               string
 	Lanes                                 int
 }
 
@@ -117,7 +132,6 @@ func renderSchema(schema, name string, lanes int) (string, error) {
 		PendingIndex:   pgx.Identifier{derivedName(name, "_pending_idx")}.Sanitize(),
 		PublishedIndex: pgx.Identifier{derivedName(name, "_published_idx")}.Sanitize(),
 		Trigger:        pgx.Identifier{derivedName(name, "_notify")}.Sanitize(),
-		Channel:        quoteLiteral(channelFor(schema, name)),
 		Comment:        quoteLiteral(encodeComment(lanes)),
 		Lanes:          lanes,
 	})

@@ -97,16 +97,6 @@ func (r resolvedTable) qualified() string { return pgx.Identifier{r.schema, r.na
 // one database) never share locks.
 func (r resolvedTable) lockKey() int32 { return int32(r.oid) }
 
-// channel returns the LISTEN/NOTIFY channel of the table: derived from the
-// schema-qualified name, so relays of outboxes in different schemas do not
-// wake each other. A hash keeps it a short, plain identifier.
-func (r resolvedTable) channel() string { return channelFor(r.schema, r.name) }
-
-func channelFor(schema, name string) string {
-	sum := sha256.Sum256([]byte(schema + "." + name))
-	return "protoevents_outbox_" + hex.EncodeToString(sum[:8])
-}
-
 // derivedName returns table+suffix, shortened with a hash when it would
 // exceed Postgres' identifier length (which would silently truncate and
 // could make two tables' indexes collide).

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
@@ -156,60 +155,6 @@ func TestWriterRefusesBadInput(t *testing.T) {
 	}
 	if _, err := w.Write(ctx, tx, newEvent(d, "a", 1), events.WithEventID(id)); err == nil {
 		t.Fatal("duplicate event ID accepted")
-	}
-}
-
-// TestWriterNotifiesOnCommitOnly checks the wake-up path: a committed
-// insert notifies the table's channel, a rolled-back one does not.
-func TestWriterNotifiesOnCommitOnly(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	pool, schema := testenv.DB(t)
-	if err := Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	conn, err := pool.Acquire(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Release()
-	channel := channelFor(schema, "outbox")
-	if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize()); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Exec(context.Background(), "UNLISTEN *")
-	w, _ := NewWriter()
-	d := descriptorFor("x")
-	write := func(commit bool) {
-		tx, err := pool.Begin(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := w.Write(ctx, tx, newEvent(d, "k", 0)); err != nil {
-			t.Fatal(err)
-		}
-		if commit {
-			err = tx.Commit(ctx)
-		} else {
-			err = tx.Rollback(ctx)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	wait := func(d time.Duration) bool {
-		wctx, cancel := context.WithTimeout(ctx, d)
-		defer cancel()
-		_, err := conn.Conn().WaitForNotification(wctx)
-		return err == nil
-	}
-	write(false)
-	if wait(300 * time.Millisecond) {
-		t.Fatal("a rolled-back insert notified")
-	}
-	write(true)
-	if !wait(5 * time.Second) {
-		t.Fatal("a committed insert did not notify")
 	}
 }
 

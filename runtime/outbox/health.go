@@ -1,0 +1,442 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"regexp"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+)
+
+// Health is a relay's liveness and readiness, as Relay.Health reports it.
+type Health struct {
+	// Live is false when Run is not running, or its loop has not come
+	// round for longer than any of its waits may take (a hung relay):
+	// restart the process.
+	Live bool
+	// Ready is true when the relay runs, can reach the database and the
+	// Kafka brokers, and makes progress: it is false while either is
+	// unreachable, and while rows of its lanes have been pending longer
+	// than the stall timeout (WithStallTimeout) without any row being
+	// published meanwhile. Problems says why.
+	Ready bool
+	// Problems are the reasons for not being live or ready, for people.
+	Problems []string
+	// Database and Kafka are the last known state of the dependencies.
+	Database, Kafka Dependency
+	// Lanes is the number of lanes the relay owns.
+	Lanes int
+	// OldestPending is the age of the oldest pending row of the relay's
+	// lanes at the last check (0: none).
+	OldestPending time.Duration
+	// LastProgress is when the relay last marked rows published (or
+	// started, if it has not yet).
+	LastProgress time.Time
+}
+
+// Dependency is the reachability of the database or the brokers.
+type Dependency struct {
+	// Reachable is the outcome of the last check or operation.
+	Reachable bool
+	// Checked is when that was (zero: not checked yet).
+	Checked time.Time
+	// Since is when the state last changed.
+	Since time.Time
+	// Error is the last failure while unreachable.
+	Error string
+}
+
+func (d Dependency) describe(name string, now time.Time) string {
+	switch {
+	case d.Checked.IsZero():
+		return name + ": not checked yet"
+	case d.Reachable:
+		return fmt.Sprintf("%s: reachable (checked %s ago)", name, roundAge(now.Sub(d.Checked)))
+	default:
+		return fmt.Sprintf("%s: unreachable for %s: %s", name, roundAge(now.Sub(d.Since)), d.Error)
+	}
+}
+
+func roundAge(d time.Duration) time.Duration {
+	if d < time.Second {
+		return d.Round(time.Millisecond)
+	}
+	return d.Round(time.Second)
+}
+
+// String renders the health as the lines /livez and /readyz serve.
+func (h Health) String() string {
+	var b strings.Builder
+	now := time.Now()
+	switch {
+	case !h.Live:
+		b.WriteString("not live\n")
+	case h.Ready:
+		b.WriteString("ready\n")
+	default:
+		b.WriteString("live, not ready\n")
+	}
+	for _, p := range h.Problems {
+		fmt.Fprintf(&b, "problem: %s\n", p)
+	}
+	fmt.Fprintln(&b, h.Database.describe("database", now))
+	fmt.Fprintln(&b, h.Kafka.describe("kafka", now))
+	fmt.Fprintf(&b, "lanes: %d owned\n", h.Lanes)
+	fmt.Fprintf(&b, "oldest pending row: %s; last progress %s ago\n", roundAge(h.OldestPending), roundAge(now.Sub(h.LastProgress)))
+	return b.String()
+}
+
+// Health reports the relay's liveness and readiness. It is cheap (no I/O):
+// Run checks the database and the brokers every health interval
+// (WithHealthInterval) and records the outcome of its own work.
+func (r *Relay) Health() Health { return r.health.snapshot(r.cfg) }
+
+// LiveHandler serves the relay's liveness: 200 and the health text when
+// live, 503 otherwise. Mount it at /livez.
+func (r *Relay) LiveHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		h := r.Health()
+		serveHealth(w, h, h.Live)
+	})
+}
+
+// ReadyHandler serves the relay's readiness: 200 and the health text when
+// ready, 503 otherwise. Mount it at /readyz.
+func (r *Relay) ReadyHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		h := r.Health()
+		serveHealth(w, h, h.Ready)
+	})
+}
+
+func serveHealth(w http.ResponseWriter, h Health, ok bool) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	if !ok {
+		w.WriteHeader(http.StatusServiceUnavailable)
+	}
+	_, _ = w.Write([]byte(h.String()))
+}
+
+// Names of the dependencies, in logs and health.
+const (
+	depDatabase = "database"
+	depKafka    = "kafka"
+	// depPublish folds per-row publish failures (a missing topic, a
+	// refused key), which the brokers answering does not end.
+	depPublish = "publish"
+)
+
+// healthState is what Health reads; the Run goroutines write it.
+type healthState struct {
+	mu           sync.Mutex
+	running      bool
+	beat         time.Time
+	db, kafka    Dependency
+	lanes        int
+	owned        []int
+	table        *resolvedTable
+	oldest       time.Duration
+	lastProgress time.Time
+}
+
+func (h *healthState) start() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := time.Now()
+	h.running, h.beat, h.lastProgress = true, now, now
+	h.db, h.kafka, h.lanes, h.owned, h.table, h.oldest = Dependency{}, Dependency{}, 0, nil, nil, 0
+}
+
+func (h *healthState) stop() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.running = false
+}
+
+// alive records that the loop came round.
+func (h *healthState) alive() {
+	h.mu.Lock()
+	h.beat = time.Now()
+	h.mu.Unlock()
+}
+
+func (h *healthState) setTable(t resolvedTable) {
+	h.mu.Lock()
+	h.table = &t
+	h.mu.Unlock()
+}
+
+func (h *healthState) setLanes(owned []int) {
+	h.mu.Lock()
+	h.owned = append(h.owned[:0], owned...)
+	h.lanes = len(owned)
+	h.mu.Unlock()
+}
+
+func (h *healthState) progress() {
+	h.mu.Lock()
+	h.lastProgress = time.Now()
+	h.mu.Unlock()
+}
+
+// set records a dependency's state and returns how long it had been
+// unreachable when it is reachable again (0 otherwise), and whether it just
+// went from reachable to unreachable.
+func (h *healthState) set(dep string, err error) (recoveredAfter time.Duration, wentDown bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	d := &h.db
+	if dep == depKafka {
+		d = &h.kafka
+	}
+	now := time.Now()
+	ok := err == nil
+	if d.Checked.IsZero() || d.Reachable != ok {
+		if ok && !d.Checked.IsZero() {
+			recoveredAfter = now.Sub(d.Since)
+		}
+		wentDown = !ok && d.Reachable
+		d.Since = now
+	}
+	d.Checked, d.Reachable = now, ok
+	d.Error = ""
+	if err != nil {
+		d.Error = err.Error()
+	}
+	return recoveredAfter, wentDown
+}
+
+func (h *healthState) snapshot(cfg relayConfig) Health {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	now := time.Now()
+	out := Health{Database: h.db, Kafka: h.kafka, Lanes: h.lanes, OldestPending: h.oldest, LastProgress: h.lastProgress}
+	if !h.running {
+		out.Problems = append(out.Problems, "relay not running")
+		return out
+	}
+	out.Live = true
+	if stale := now.Sub(h.beat); stale > cfg.liveTimeout() {
+		out.Live = false
+		out.Problems = append(out.Problems, fmt.Sprintf("relay loop stuck for %s", roundAge(stale)))
+	}
+	out.Ready = out.Live
+	for _, dep := range []struct {
+		name string
+		d    Dependency
+	}{{depDatabase, h.db}, {depKafka, h.kafka}} {
+		if !dep.d.Reachable {
+			out.Ready = false
+			out.Problems = append(out.Problems, dep.d.describe(dep.name, now))
+		}
+	}
+	if h.table == nil && h.db.Reachable {
+		out.Ready = false
+		out.Problems = append(out.Problems, "outbox table not found yet")
+	}
+	if idle := now.Sub(h.lastProgress); h.oldest > cfg.stallTimeout && idle > cfg.stallTimeout {
+		out.Ready = false
+		out.Problems = append(out.Problems, fmt.Sprintf("no progress for %s with rows pending for %s (see `eventsctl outbox status` and `outbox list --stuck`)", roundAge(idle), roundAge(h.oldest)))
+	}
+	return out
+}
+
+// liveTimeout is how long the loop may go without coming round before the
+// relay counts as hung: longer than its longest wait (a backoff, an idle
+// wait until the next periodic task, a produce with its retries, a database
+// call until keepalives give up).
+func (c relayConfig) liveTimeout() time.Duration {
+	idle := max(c.pollInterval, c.rebalanceInterval, c.cleanupInterval)
+	return 2*c.backoffMax + idle + 2*time.Minute
+}
+
+// probe checks the database and the brokers every health interval until ctx
+// ends, recording the outcome (and logging changes) for Health.
+func (r *Relay) probe(ctx context.Context, kc *kafka.Client) {
+	t := time.NewTicker(r.cfg.healthInterval)
+	defer t.Stop()
+	for {
+		r.checkDatabase(ctx)
+		r.checkKafka(ctx, kc)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// probeTimeout bounds one health check.
+const probeTimeout = 5 * time.Second
+
+func (r *Relay) checkDatabase(ctx context.Context) {
+	cctx, cancel := context.WithTimeout(ctx, min(probeTimeout, r.cfg.healthInterval*2))
+	defer cancel()
+	r.health.mu.Lock()
+	t, owned := r.health.table, append([]int(nil), r.health.owned...)
+	r.health.mu.Unlock()
+	var err error
+	var oldest float64
+	if t == nil {
+		err = r.pool.Ping(cctx)
+	} else {
+		err = r.pool.QueryRow(cctx, newQueries(t.qualified()).oldestOwned, owned).Scan(&oldest)
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	if err == nil {
+		r.health.mu.Lock()
+		r.health.oldest = time.Duration(oldest * float64(time.Second))
+		r.health.mu.Unlock()
+	}
+	r.dep(depDatabase, wrapProbe(depDatabase, err))
+}
+
+func (r *Relay) checkKafka(ctx context.Context, kc *kafka.Client) {
+	err := r.pingKafka(ctx, kc)
+	if ctx.Err() != nil {
+		return
+	}
+	r.dep(depKafka, err)
+}
+
+// pingKafka asks the brokers for their API versions: a real request and
+// response, so a broker that accepts connections but hangs counts as down.
+func (r *Relay) pingKafka(ctx context.Context, kc *kafka.Client) error {
+	cctx, cancel := context.WithTimeout(ctx, min(probeTimeout, r.cfg.healthInterval*2))
+	defer cancel()
+	resp, err := kc.ApiVersions(cctx, &kafka.ApiVersionsRequest{})
+	if err == nil && resp.Error != nil {
+		err = resp.Error
+	}
+	return wrapProbe(depKafka, err)
+}
+
+func wrapProbe(dep string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s check: %w", dep, err)
+}
+
+// dep records a dependency's state; a recovery is logged with how long the
+// outage lasted.
+func (r *Relay) dep(dep string, err error) {
+	after, wentDown := r.health.set(dep, err)
+	if err != nil {
+		if wentDown {
+			// The first failure after a reachable spell; the retries that
+			// follow are logged (folded) by whoever retries.
+			r.log.Warn("outbox relay: "+dep+" unreachable", "err", err)
+		}
+		return
+	}
+	if after > 0 {
+		r.log.Info(fmt.Sprintf("outbox relay: %s reachable again after %s", dep, roundAge(after)), "dep", dep, "outage", after.Round(time.Millisecond))
+	}
+	r.folds.recovered(dep)
+}
+
+// localAddr matches the local end of a connection in a network error
+// ("read tcp 127.0.0.1:38284->10.0.0.7:9092: i/o timeout"): a new port per
+// attempt must not make repeats of one error look different.
+var localAddr = regexp.MustCompile(`[0-9A-Fa-f.:\[\]]+:\d+->`)
+
+// folder logs repeated identical errors once, then a summary with the count
+// every interval while they go on, so an outage does not flood the log.
+type folder struct {
+	log   *slog.Logger
+	every time.Duration
+	mu    sync.Mutex
+	seen  map[string]*folded
+}
+
+type folded struct {
+	dep        string
+	msg        string
+	first      time.Time
+	lastLogged time.Time
+	suppressed int
+}
+
+// warn logs msg with err unless the same error was logged less than
+// every ago; then it counts it, and logs a summary once every has passed.
+func (f *folder) warn(dep, msg string, err error, attrs ...any) {
+	key := dep + "\x00" + msg + "\x00" + localAddr.ReplaceAllString(err.Error(), "")
+	now := time.Now()
+	f.mu.Lock()
+	if f.seen == nil || len(f.seen) > 1000 {
+		f.seen = map[string]*folded{}
+	}
+	e := f.seen[key]
+	if e == nil {
+		e = &folded{dep: dep, msg: msg, first: now, lastLogged: now}
+		f.seen[key] = e
+		f.mu.Unlock()
+		f.log.Warn(msg, append([]any{"err", err}, attrs...)...)
+		return
+	}
+	e.suppressed++
+	if now.Sub(e.lastLogged) < f.every {
+		f.mu.Unlock()
+		return
+	}
+	n := e.suppressed
+	e.suppressed, e.lastLogged = 0, now
+	since := now.Sub(e.first)
+	f.mu.Unlock()
+	f.log.Warn(fmt.Sprintf("%s (repeated %d times in the last %s; failing for %s)", msg, n, roundAge(f.every), roundAge(since)), append([]any{"err", err, "repeated", n}, attrs...)...)
+}
+
+// recovered forgets dep's errors, first logging how many repeats of each
+// went unlogged.
+func (f *folder) recovered(dep string) {
+	f.mu.Lock()
+	var left []*folded
+	for k, e := range f.seen {
+		if e.dep == dep {
+			if e.suppressed > 0 {
+				left = append(left, e)
+			}
+			delete(f.seen, k)
+		}
+	}
+	f.mu.Unlock()
+	for _, e := range left {
+		f.log.Info(fmt.Sprintf("%s: %d more times until it recovered", e.msg, e.suppressed), "dep", dep)
+	}
+}
+
+// depError marks an error with the dependency it came from, so the loop
+// can record it in the health.
+type depError struct {
+	dep string
+	err error
+}
+
+func (e *depError) Error() string { return e.err.Error() }
+func (e *depError) Unwrap() error { return e.err }
+
+func dbErr(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &depError{dep: depDatabase, err: err}
+}
+
+// depOf returns the dependency err came from ("" if unknown).
+func depOf(err error) string {
+	var d *depError
+	if errors.As(err, &d) {
+		return d.dep
+	}
+	return ""
+}

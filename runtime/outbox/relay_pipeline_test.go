@@ -1,0 +1,123 @@
+package outbox
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kmsg"
+)
+
+// TestRelayClaimsNextBatchWhileOneIsInFlight: the broker holds back the
+// first produce request until the relay has claimed the next batch, which
+// it does only if it pipelines; everything then arrives once, in per-key
+// order.
+func TestRelayClaimsNextBatchWhileOneIsInFlight(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true, 3)
+	evs, want := sequence(b.d, 1000, 10)
+	b.write(t, evs)
+
+	var claims atomic.Int32
+	var sawAhead atomic.Bool
+	b.kafka.Fake.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+		// The first produce request of the first batch: hold it (so the
+		// batch cannot be acknowledged) until the relay has claimed a
+		// second batch, which happens only if it pipelines (or give up
+		// after a while).
+		deadline := time.Now().Add(60 * time.Second)
+		for claims.Load() < 2 && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		sawAhead.Store(claims.Load() >= 2)
+		return nil, nil, false
+	})
+	b.startRelay(t, WithKafkaWriter(func(w *kafka.Writer) { w.WriteTimeout = 2 * time.Minute }), WithHooks(Hooks{AfterClaim: func(context.Context, []Row) {
+		claims.Add(1)
+	}}))
+	b.waitDrained(t, 60*time.Second)
+	if !sawAhead.Load() {
+		t.Fatal("the relay did not claim the next batch while the first one was in flight")
+	}
+	if dups := checkDelivery(t, b.readAll(t), want); dups != 0 {
+		t.Fatalf("%d duplicates without any failure", dups)
+	}
+}
+
+// TestRelayShutdownGraceWaitsForAcks: the relay is stopped while the broker
+// holds back the acknowledgement of a batch. With the shutdown grace the
+// batch is acknowledged and marked before Run returns, so the next relay
+// re-sends nothing: Kafka holds exactly one record per row. Without grace
+// (0) the batch is abandoned and re-sent, which the second half shows.
+func TestRelayShutdownGraceWaitsForAcks(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name  string
+		grace time.Duration
+	}{{"grace", 30 * time.Second}, {"no grace", 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			b := setup(t, true, 3)
+			evs, want := sequence(b.d, 300, 6)
+			b.write(t, evs)
+			r, err := NewRelay(b.pool, b.brokers, WithLogger(quietLogger()), WithShutdownGrace(tc.grace),
+				WithBackoff(10*time.Millisecond, 200*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			runCtx, stop := context.WithCancel(ctx)
+			defer stop()
+			returned := make(chan error, 1)
+			b.kafka.Fake.ControlKey(int16(kmsg.Produce), func(kmsg.Request) (kmsg.Response, error, bool) {
+				// The first batch is in flight: stop the relay, then let
+				// the broker answer after a moment (or as soon as Run
+				// has returned without waiting).
+				stop()
+				select {
+				case err := <-returned:
+					returned <- err
+				case <-time.After(time.Second):
+				}
+				return nil, nil, false
+			})
+			go func() { returned <- r.Run(runCtx) }()
+			select {
+			case err := <-returned:
+				if err != nil {
+					t.Fatalf("Run: %v", err)
+				}
+				returned <- err
+			case <-time.After(60 * time.Second):
+				t.Fatal("relay did not stop")
+			}
+			st, err := Status(ctx, b.pool)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if st.Relays != 0 {
+				t.Fatalf("after Run returned: %+v, want no relay", st)
+			}
+			if tc.grace > 0 && st.Published == 0 {
+				t.Fatalf("the batch in flight at shutdown was not marked: %+v", st)
+			}
+			b.startRelay(t)
+			b.waitDrained(t, 60*time.Second)
+			parts := b.readAll(t)
+			records := 0
+			for _, p := range parts {
+				records += len(p)
+			}
+			dups := checkDelivery(t, parts, want)
+			t.Logf("grace %v: %d records in Kafka for %d rows (%d duplicates)", tc.grace, records, len(evs), dups)
+			if tc.grace > 0 && (dups != 0 || records != len(evs)) {
+				t.Fatalf("%d records for %d rows: the batch acknowledged during the grace was re-sent", records, len(evs))
+			}
+			if tc.grace == 0 && dups == 0 {
+				t.Fatal("without grace the abandoned batch should have been re-sent; the test no longer stops the relay mid-publish")
+			}
+		})
+	}
+}
