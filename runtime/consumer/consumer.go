@@ -349,8 +349,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 		RebalanceTimeout:       c.s.rebalance,
 		JoinGroupBackoff:       c.s.joinBackoff,
 		StartOffset:            c.s.startOffset,
-		WatchPartitionChanges:  true,
-		PartitionWatchInterval: c.s.partitionWatch,
+		// Added partitions are watched by watchPartitions, whose baseline
+		// is read before Ready (kafka-go's watcher reads it later).
 		Logger:                 kafka.LoggerFunc(func(msg string, args ...any) { c.log.Debug(fmt.Sprintf(msg, args...)) }),
 		ErrorLogger:            kafka.LoggerFunc(func(msg string, args ...any) { c.log.Debug(fmt.Sprintf(msg, args...)) }),
 	})
@@ -382,6 +382,18 @@ func (c *Consumer) Run(ctx context.Context) error {
 		started := func() {
 			if toStart.Add(-1) == 0 {
 				c.readyOn.Do(func() { close(c.ready) })
+			}
+		}
+		// The partition baseline is read before the partitions start (and
+		// so before Ready): partitions added from then on are noticed.
+		if c.s.partitionWatch > 0 {
+			bctx, bcancel := context.WithTimeout(ctx, 30*time.Second)
+			base, err := partitionCounts(bctx, c.s.dialer, c.cfg.Brokers, c.topics)
+			bcancel()
+			if err != nil {
+				c.log.Warn("consumer: cannot read partition counts; added partitions are noticed at the next rebalance", "err", err)
+			} else {
+				gen.Start(func(gctx context.Context) { c.watchPartitions(gctx, base, c.s.partitionWatch) })
 			}
 		}
 		if toStart.Load() == 0 {

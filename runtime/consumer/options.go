@@ -486,3 +486,9 @@ func withTopicPoll(d time.Duration) Option {
 func withHandlerGrace(d time.Duration) Option {
 	return func(c *Consumer) { c.s.handlerGrace = d }
 }
+
+// withPartitionWatch sets how often a generation checks for added
+// partitions (tests; default 5s).
+func withPartitionWatch(d time.Duration) Option {
+	return func(c *Consumer) { c.s.partitionWatch = d }
+}

@@ -193,3 +193,52 @@ func (c *Consumer) watchAssignments(ctx context.Context) {
 		}
 	}
 }
+
+// partitionCounts asks the cluster how many partitions each topic has.
+func partitionCounts(ctx context.Context, dialer *kafka.Dialer, brokers []string, topics []string) (map[string]int, error) {
+	transport := transportFor(dialer)
+	defer transport.CloseIdleConnections()
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: transport, Timeout: 30 * time.Second}
+	md, err := cl.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
+	if err != nil {
+		return nil, fmt.Errorf("metadata: %w", err)
+	}
+	counts := map[string]int{}
+	for _, t := range md.Topics {
+		if t.Error == nil {
+			counts[t.Name] = len(t.Partitions)
+		}
+	}
+	return counts, nil
+}
+
+// watchPartitions ends the generation gen once a consumed topic's
+// partition count differs from base (read before the generation's
+// partitions started), so that the group rebalances and the new partitions
+// are consumed. kafka-go's own watcher takes its baseline when its
+// goroutine first runs, and so misses partitions added in between; this
+// one's baseline is taken before Run reports ready. It checks every
+// interval until the generation ends.
+func (c *Consumer) watchPartitions(gctx context.Context, base map[string]int, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-gctx.Done():
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(gctx, interval)
+		now, err := partitionCounts(ctx, c.s.dialer, c.cfg.Brokers, c.topics)
+		cancel()
+		if err != nil {
+			continue // kafka-go's group retries the coordinator; a later tick looks again
+		}
+		for _, topic := range c.topics {
+			if n, ok := now[topic]; ok && n != base[topic] {
+				c.log.Info("consumer: partitions changed, rebalancing to consume them", "topic", topic, "partitions", n, "were", base[topic])
+				return // ends the generation: the member rejoins
+			}
+		}
+	}
+}
