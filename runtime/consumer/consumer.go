@@ -340,19 +340,19 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 
 	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
-		ID:                     c.cfg.GroupID,
-		Brokers:                c.cfg.Brokers,
-		Topics:                 c.topics,
-		Dialer:                 c.s.dialer,
-		HeartbeatInterval:      c.s.heartbeat,
-		SessionTimeout:         c.s.session,
-		RebalanceTimeout:       c.s.rebalance,
-		JoinGroupBackoff:       c.s.joinBackoff,
-		StartOffset:            c.s.startOffset,
+		ID:                c.cfg.GroupID,
+		Brokers:           c.cfg.Brokers,
+		Topics:            c.topics,
+		Dialer:            c.s.dialer,
+		HeartbeatInterval: c.s.heartbeat,
+		SessionTimeout:    c.s.session,
+		RebalanceTimeout:  c.s.rebalance,
+		JoinGroupBackoff:  c.s.joinBackoff,
+		StartOffset:       c.s.startOffset,
 		// Added partitions are watched by watchPartitions, whose baseline
 		// is read before Ready (kafka-go's watcher reads it later).
-		Logger:                 kafka.LoggerFunc(func(msg string, args ...any) { c.log.Debug(fmt.Sprintf(msg, args...)) }),
-		ErrorLogger:            kafka.LoggerFunc(func(msg string, args ...any) { c.log.Debug(fmt.Sprintf(msg, args...)) }),
+		Logger:      kafka.LoggerFunc(func(msg string, args ...any) { c.log.Debug(fmt.Sprintf(msg, args...)) }),
+		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) { c.log.Debug(fmt.Sprintf(msg, args...)) }),
 	})
 	if err != nil {
 		cancel(nil)
