@@ -190,8 +190,10 @@ func runRounds(out io.Writer, count int, benchtime string) error {
 // runWatermill runs the bench/watermill module's own interleaved rounds;
 // its BenchmarkWatermill lines go to out.
 func runWatermill(out io.Writer, rounds int) error {
-	fmt.Fprintf(os.Stderr, "benchreport: %s: go run . -rounds %d\n", watermillDir, rounds)
-	cmd := exec.Command("go", "run", ".", "-rounds", strconv.Itoa(rounds))
+	fmt.Fprintf(os.Stderr, "benchreport: %s: go run -mod=mod . -rounds %d\n", watermillDir, rounds)
+	// -mod=mod: the module follows the library through its replace directive,
+	// so a dependency the library adds must not stop the run.
+	cmd := exec.Command("go", "run", "-mod=mod", ".", "-rounds", strconv.Itoa(rounds))
 	cmd.Dir = watermillDir
 	cmd.Stdout = io.MultiWriter(out, os.Stderr)
 	cmd.Stderr = os.Stderr
