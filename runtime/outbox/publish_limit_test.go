@@ -3,10 +3,13 @@ package outbox_test
 import (
 	"context"
 	"errors"
+	"log"
+	"os"
 	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	ordersv1 "github.com/protoevents/protoevents/examples/gen/shop/orders/v1"
 	"github.com/protoevents/protoevents/internal/testenv"
@@ -62,5 +65,30 @@ func TestPublishRefusesOversizedEvent(t *testing.T) {
 	}
 	if n != 1 || maxLen > 10_000 {
 		t.Fatalf("%d rows (largest value %d bytes), want only the small event", n, maxLen)
+	}
+}
+
+// A topic whose max.message.bytes was raised to 4 MiB takes larger events;
+// the writer's limit is raised to match, and an event over it is told
+// apart from other failures.
+func ExampleWithMaxEventBytes() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	w, err := outbox.NewWriter(outbox.WithMaxEventBytes(4 << 20))
+	if err != nil {
+		log.Fatal(err)
+	}
+	orders := ordersv1.NewOrderPlacedProducer(w)
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := orders.Publish(ctx, tx, &ordersv1.OrderPlaced{OrderId: "o-1", CustomerId: "c-7"})
+		return err
+	})
+	var tooLarge *outbox.EventTooLargeError
+	if errors.As(err, &tooLarge) {
+		log.Printf("order event of %d bytes refused (limit %d): nothing was written", tooLarge.Size, tooLarge.Limit)
 	}
 }
