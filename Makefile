@@ -52,9 +52,10 @@ demo: $(BUF)
 	$(BUF) generate
 	$(GO) run ./examples/cmd/demo
 
-## bench: Go benchmarks with the ratios the performance targets are stated in
+## bench: Go benchmarks, then protoevents beside Watermill (bench/watermill, its own
+## module), with the ratios the performance targets are stated in
 bench:
-	$(GO) run ./internal/benchreport -count 5
+	$(GO) run ./internal/benchreport -count 5 -watermill-rounds 3
 
 .PHONY: stall
 

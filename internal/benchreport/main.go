@@ -2,7 +2,12 @@
 // performance target as a ratio against a baseline measured in the same
 // run, so the numbers mean something on a shared, noisy machine.
 //
-//	go run ./internal/benchreport [-count 5] [-benchtime 1x] [-raw bench.txt]
+//	go run ./internal/benchreport [-count 5] [-benchtime 1x] [-watermill-rounds 3] [-raw bench.txt]
+//
+// Besides the Go benchmarks it runs the side-by-side comparison with
+// Watermill (the separate module in bench/watermill, `go run . -rounds N`),
+// whose BenchmarkWatermill/… lines it reads the same way; -watermill-rounds
+// 0 leaves it out.
 //
 // Each ratio pairs two Go benchmarks that the same test binary runs back to
 // back; the rounds are interleaved across packages, and the report gives the
@@ -37,6 +42,9 @@ type ratio struct {
 	Target  float64
 	AtLeast bool // target is a floor (true) or a ceiling (false)
 	Explain string
+	// DenConst, when set, is the denominator instead of a benchmark: an
+	// absolute target (a rate to sustain, a latency bound) as a ratio.
+	DenConst float64
 }
 
 var ratios = []ratio{
@@ -54,6 +62,43 @@ var ratios = []ratio{
 		Explain: "bytes per Kafka record of the same event, binary Protobuf payload alone over the Protobuf envelope"},
 }
 
+// watermillDir is the module of the side-by-side comparison with
+// Watermill, relative to the repository root.
+const watermillDir = "bench/watermill"
+
+// watermillRatios are read from the bench/watermill module's output: ours
+// against Watermill's outbox (watermill-sql Forwarder → watermill-kafka)
+// and against bare baselines, measured in the same interleaved rounds. The
+// targets are issue 10's; the Watermill-against-baseline rows are context.
+var watermillRatios = []ratio{
+	{Name: "relay drain, ours / Watermill Forwarder", Num: "BenchmarkWatermill/drain/ours", Den: "BenchmarkWatermill/drain/watermill", Metric: "events/s", Target: 4, AtLeast: true,
+		Explain: "events/s delivering a pre-filled outbox to Kafka and marking it, relay start included"},
+	{Name: "relay drain, ours / the database's claim-and-mark", Num: "BenchmarkWatermill/drain/ours", Den: "BenchmarkWatermill/drain/db-claim-mark", Metric: "events/s", Target: 0.7, AtLeast: true,
+		Explain: "our relay over plain SQL claiming and marking the same rows 500 at a time on 4 connections, no Kafka"},
+	{Name: "outbox write, 1 client, ours / bare insert", Num: "BenchmarkWatermill/write-1/ours", Den: "BenchmarkWatermill/write-1/bare", Metric: "ns/op", Target: 1.2,
+		Explain: "time per business transaction with the event over the business insert alone"},
+	{Name: "outbox write, 1 client, Watermill / bare insert", Num: "BenchmarkWatermill/write-1/watermill", Den: "BenchmarkWatermill/write-1/bare", Metric: "ns/op",
+		Explain: "the same for watermill-sql's publisher in the transaction (context)"},
+	{Name: "outbox write, 8 clients, ours / bare insert", Num: "BenchmarkWatermill/write-8/ours", Den: "BenchmarkWatermill/write-8/bare", Metric: "ns/op", Target: 1.3,
+		Explain: "wall time per transaction at 8 concurrent clients (inverse throughput)"},
+	{Name: "outbox write, 8 clients, Watermill / bare insert", Num: "BenchmarkWatermill/write-8/watermill", Den: "BenchmarkWatermill/write-8/bare", Metric: "ns/op",
+		Explain: "the same for Watermill (context)"},
+	{Name: "consumer with dedup, ours / Watermill", Num: "BenchmarkWatermill/consume/ours", Den: "BenchmarkWatermill/consume/watermill", Metric: "events/s",
+		Explain: "events/s, each event deduplicated and applied in one transaction; Watermill: router + hand-written dedup handler"},
+	{Name: "end to end at 500/s, p50 ours / Watermill", Num: "BenchmarkWatermill/e2e-500/ours", Den: "BenchmarkWatermill/e2e-500/watermill", Metric: "p50-ms", Target: 1,
+		Explain: "median latency from the business transaction's start to a Kafka consumer"},
+	{Name: "end to end at 500/s, p99 ours / Watermill", Num: "BenchmarkWatermill/e2e-500/ours", Den: "BenchmarkWatermill/e2e-500/watermill", Metric: "p99-ms", Target: 0.5,
+		Explain: "99th percentile of the same"},
+	{Name: "end to end at 1000/s, p50 ours / Watermill", Num: "BenchmarkWatermill/e2e-1000/ours", Den: "BenchmarkWatermill/e2e-1000/watermill", Metric: "p50-ms", Target: 1,
+		Explain: "median latency at 1,000 events/s"},
+	{Name: "end to end at 1000/s, p99 ours / Watermill", Num: "BenchmarkWatermill/e2e-1000/ours", Den: "BenchmarkWatermill/e2e-1000/watermill", Metric: "p99-ms", Target: 0.5,
+		Explain: "99th percentile at 1,000 events/s"},
+	{Name: "4 producers aiming at 2000/s, sustained rate / 2000", Num: "BenchmarkWatermill/e2e-2000/ours", DenConst: 2000, Metric: "events/s", Target: 0.99, AtLeast: true,
+		Explain: "events/s the 4 producers committed while the relay ran, over the 2,000 aimed at"},
+	{Name: "4 producers aiming at 2000/s, p99 / 50 ms", Num: "BenchmarkWatermill/e2e-2000/ours", DenConst: 50, Metric: "p99-ms", Target: 1,
+		Explain: "99th percentile end-to-end latency over the 50 ms bound"},
+}
+
 // wireFormats are the sub-benchmarks of BenchmarkWireSize, one per
 // envelope.Format, listed in the bytes-per-record table.
 var wireFormats = []string{"json", "proto", "ce-json", "ce-proto"}
@@ -62,6 +107,7 @@ func main() {
 	count := flag.Int("count", 5, "rounds of each benchmark")
 	benchtime := flag.String("benchtime", "", "go test -benchtime value (default: go's)")
 	raw := flag.String("raw", "", "read benchmark output from this file instead of running go test")
+	wmRounds := flag.Int("watermill-rounds", 3, "rounds of the side-by-side comparison with Watermill (bench/watermill); 0 skips it")
 	flag.Parse()
 
 	var out bytes.Buffer
@@ -72,13 +118,25 @@ func main() {
 			os.Exit(2)
 		}
 		out.Write(b)
-	} else if err := runRounds(&out, *count, *benchtime); err != nil {
-		fmt.Fprintln(os.Stderr, "benchreport:", err)
-		os.Exit(2)
+	} else {
+		if err := runRounds(&out, *count, *benchtime); err != nil {
+			fmt.Fprintln(os.Stderr, "benchreport:", err)
+			os.Exit(2)
+		}
+		if *wmRounds > 0 {
+			if err := runWatermill(&out, *wmRounds); err != nil {
+				fmt.Fprintln(os.Stderr, "benchreport:", err)
+				os.Exit(2)
+			}
+		}
 	}
 	results := parse(&out)
-	ok := report(os.Stdout, results)
+	ok := report(os.Stdout, results, ratios)
 	sizeTable(os.Stdout, results)
+	if *wmRounds > 0 {
+		fmt.Fprintln(os.Stdout, "\nside by side with Watermill (bench/watermill: one Postgres, one in-process Kafka, interleaved rounds)")
+		ok = report(os.Stdout, results, watermillRatios) && ok
+	}
 	if !ok {
 		os.Exit(1)
 	}
@@ -127,6 +185,22 @@ func runRounds(out io.Writer, count int, benchtime string) error {
 				return fmt.Errorf("%s round %d: %w", pkg, round, err)
 			}
 		}
+	}
+	return nil
+}
+
+// runWatermill runs the bench/watermill module's own interleaved rounds;
+// its BenchmarkWatermill lines go to out.
+func runWatermill(out io.Writer, rounds int) error {
+	fmt.Fprintf(os.Stderr, "benchreport: %s: go run -mod=mod . -rounds %d\n", watermillDir, rounds)
+	// -mod=mod: the module follows the library through its replace directive,
+	// so a dependency the library adds must not stop the run.
+	cmd := exec.Command("go", "run", "-mod=mod", ".", "-rounds", strconv.Itoa(rounds))
+	cmd.Dir = watermillDir
+	cmd.Stdout = io.MultiWriter(out, os.Stderr)
+	cmd.Stderr = os.Stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("%s: %w", watermillDir, err)
 	}
 	return nil
 }
@@ -193,14 +267,22 @@ func parse(r io.Reader) results {
 
 // report prints one block per ratio and returns false if a benchmark is
 // missing.
-func report(w io.Writer, res results) bool {
+func report(w io.Writer, res results, rs []ratio) bool {
 	ok := true
 	fmt.Fprintln(w, "\nprotoevents benchmark ratios (median over rounds; each round's ratio uses that round's own baseline)")
-	for _, r := range ratios {
+	for _, r := range rs {
 		num, den := res[r.Num][r.Metric], res[r.Den][r.Metric]
+		denName := r.Den
+		if r.DenConst > 0 {
+			den = make([]float64, len(num))
+			for i := range den {
+				den[i] = r.DenConst
+			}
+			denName = "target"
+		}
 		fmt.Fprintf(w, "\n%s\n  %s\n", r.Name, r.Explain)
 		if len(num) == 0 || len(den) == 0 {
-			fmt.Fprintf(w, "  MISSING: need %s and %s with metric %s\n", r.Num, r.Den, r.Metric)
+			fmt.Fprintf(w, "  MISSING: need %s and %s with metric %s\n", r.Num, denName, r.Metric)
 			ok = false
 			continue
 		}
@@ -211,20 +293,43 @@ func report(w io.Writer, res results) bool {
 				rs = append(rs, num[i]/den[i])
 			}
 		}
+		if len(rs) == 0 {
+			fmt.Fprintf(w, "  MISSING: %s is zero in every round\n", denName)
+			ok = false
+			continue
+		}
 		sort.Float64s(rs)
-		fmt.Fprintf(w, "  %-40s %12.0f %s (median)\n", r.Num, median(num), r.Metric)
-		fmt.Fprintf(w, "  %-40s %12.0f %s (median)\n", r.Den, median(den), r.Metric)
+		fmt.Fprintf(w, "  %-40s %12s %s (median)\n", r.Num, figure(median(num)), r.Metric)
+		fmt.Fprintf(w, "  %-40s %12s %s (median)\n", denName, figure(median(den)), r.Metric)
 		verdict := ""
 		if r.Target > 0 {
 			holds := median(rs) >= r.Target
 			if !r.AtLeast {
 				holds = median(rs) <= r.Target
 			}
-			verdict = fmt.Sprintf("  target %s %.1f: %s", map[bool]string{true: ">=", false: "<="}[r.AtLeast], r.Target, map[bool]string{true: "met", false: "NOT MET"}[holds])
+			verdict = fmt.Sprintf("  target %s %s: %s", map[bool]string{true: ">=", false: "<="}[r.AtLeast], targetText(r.Target), map[bool]string{true: "met", false: "NOT MET"}[holds])
 		}
 		fmt.Fprintf(w, "  ratio %.2fx (min %.2f, max %.2f, %d rounds)%s\n", median(rs), rs[0], rs[len(rs)-1], len(rs), verdict)
 	}
 	return ok
+}
+
+// targetText prints a target with at least one decimal: 20.0, 1.2, 0.99.
+func targetText(t float64) string {
+	s := strconv.FormatFloat(t, 'f', -1, 64)
+	if !strings.Contains(s, ".") {
+		s += ".0"
+	}
+	return s
+}
+
+// figure prints a measurement: whole numbers for large values, two
+// decimals for small ones (milliseconds).
+func figure(v float64) string {
+	if v < 100 {
+		return strconv.FormatFloat(v, 'f', 2, 64)
+	}
+	return strconv.FormatFloat(v, 'f', 0, 64)
 }
 
 // sizeTable prints the bytes per record of every wire format against the

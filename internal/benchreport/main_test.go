@@ -29,7 +29,7 @@ func TestParseAndReport(t *testing.T) {
 		t.Fatalf("batched events/s = %v", got)
 	}
 	var out bytes.Buffer
-	if !report(&out, res) {
+	if !report(&out, res, ratios) {
 		t.Fatalf("report says a benchmark is missing:\n%s", out.String())
 	}
 	for _, want := range []string{
@@ -55,7 +55,7 @@ func TestSizeTable(t *testing.T) {
 
 func TestMissingBenchmarkFails(t *testing.T) {
 	var out bytes.Buffer
-	if report(&out, parse(strings.NewReader("BenchmarkRelay/naive-2 1 1 ns/op 1 events/s\n"))) {
+	if report(&out, parse(strings.NewReader("BenchmarkRelay/naive-2 1 1 ns/op 1 events/s\n")), ratios) {
 		t.Fatal("report passed with benchmarks missing")
 	}
 	if !strings.Contains(out.String(), "MISSING") {
@@ -67,5 +67,60 @@ func TestBenchRegexp(t *testing.T) {
 	got := benchRegexp([]string{"BenchmarkRelay/batched-500", "BenchmarkRelay/naive"})
 	if want := `^(BenchmarkRelay)$/^(batched-500|naive)$`; got != want {
 		t.Fatalf("benchRegexp = %q, want %q", got, want)
+	}
+}
+
+// wmSample is two rounds of bench/watermill's output, with a summary line
+// the parser must skip.
+const wmSample = `BenchmarkWatermill/drain/ours 1 20000.000 events/s
+BenchmarkWatermill/drain/watermill 1 10000.000 events/s
+BenchmarkWatermill/drain/db-claim-mark 1 40000.000 events/s
+BenchmarkWatermill/write-1/bare 1 200000.000 ns/op
+BenchmarkWatermill/write-1/ours 1 220000.000 ns/op
+BenchmarkWatermill/write-1/watermill 1 260000.000 ns/op
+BenchmarkWatermill/write-8/bare 1 50000.000 ns/op
+BenchmarkWatermill/write-8/ours 1 60000.000 ns/op
+BenchmarkWatermill/write-8/watermill 1 70000.000 ns/op
+BenchmarkWatermill/consume/ours 1 9000.000 events/s
+BenchmarkWatermill/consume/watermill 1 8000.000 events/s
+BenchmarkWatermill/e2e-500/ours 1 3.000 p50-ms
+BenchmarkWatermill/e2e-500/ours 1 8.000 p99-ms
+BenchmarkWatermill/e2e-500/watermill 1 5.000 p50-ms
+BenchmarkWatermill/e2e-500/watermill 1 12.000 p99-ms
+BenchmarkWatermill/e2e-1000/ours 1 4.000 p50-ms
+BenchmarkWatermill/e2e-1000/ours 1 9.000 p99-ms
+BenchmarkWatermill/e2e-1000/watermill 1 5.000 p50-ms
+BenchmarkWatermill/e2e-1000/watermill 1 20.000 p99-ms
+BenchmarkWatermill/e2e-2000/ours 1 1999.000 events/s
+BenchmarkWatermill/e2e-2000/ours 1 40.000 p99-ms
+BenchmarkWatermill/drain/ours 1 30000.000 events/s
+BenchmarkWatermill/drain/watermill 1 6000.000 events/s
+  relay drain, ours / Watermill Forwarder                2.00x  (2.00–2.00, 1 rounds)
+`
+
+func TestWatermillRatios(t *testing.T) {
+	res := parse(strings.NewReader(wmSample))
+	var out bytes.Buffer
+	if !report(&out, res, watermillRatios) {
+		t.Fatalf("report says a measurement is missing:\n%s", out.String())
+	}
+	for _, want := range []string{
+		"ratio 3.50x (min 2.00, max 5.00, 2 rounds)  target >= 4.0: NOT MET", // drain: 20000/10000, 30000/6000
+		"ratio 0.50x (min 0.50, max 0.50, 1 rounds)  target >= 0.7: NOT MET", // drain / claim-and-mark, one round of the baseline
+		"ratio 1.10x (min 1.10, max 1.10, 1 rounds)  target <= 1.2: met",
+		"ratio 1.20x (min 1.20, max 1.20, 1 rounds)  target <= 1.3: met",
+		"ratio 0.67x (min 0.67, max 0.67, 1 rounds)  target <= 0.5: NOT MET", // 8 / 12
+		"ratio 0.45x (min 0.45, max 0.45, 1 rounds)  target <= 0.5: met",     // 9 / 20
+		"ratio 1.00x (min 1.00, max 1.00, 1 rounds)  target >= 0.99: met",    // 1999 / 2000
+		"ratio 0.80x (min 0.80, max 0.80, 1 rounds)  target <= 1.0: met",     // 40 ms / 50 ms
+		"target                                          50.00 p99-ms (median)",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
+	}
+	var missing bytes.Buffer
+	if report(&missing, parse(strings.NewReader("BenchmarkWatermill/drain/ours 1 1 events/s\n")), watermillRatios) {
+		t.Fatal("report passed with the Watermill measurements missing")
 	}
 }

@@ -1,0 +1,363 @@
+// Command watermill runs protoevents and Watermill (watermill-sql's
+// transactional publisher and Forwarder, watermill-kafka's publisher and
+// subscriber) side by side on one Postgres and one in-process Kafka over
+// TCP, in interleaved rounds, and prints each measurement as a Go benchmark
+// line (BenchmarkWatermill/…) plus the ratios, median and range over the
+// rounds. internal/benchreport reads the lines and checks the targets.
+//
+//	go run . [-rounds 3] [-events 10000] [-consume 5000] [-write 1s] [-e2e 3s] [-only drain,write,consume,e2e]
+//
+// Postgres is $PROTOEVENTS_TEST_DATABASE_URL or, without it, a throwaway
+// cluster; Kafka is always in-process (kfake). It is its own module so the
+// library never depends on Watermill.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	ordersv1 "github.com/protoevents/protoevents/examples/gen/shop/orders/v1"
+)
+
+type config struct {
+	rounds, events, consume int
+	write, e2e              time.Duration
+	only                    map[string]bool
+}
+
+func main() {
+	var c config
+	only := flag.String("only", "drain,write,consume,e2e", "comma-separated measurements to run")
+	flag.IntVar(&c.rounds, "rounds", 3, "interleaved rounds")
+	flag.IntVar(&c.events, "events", 20000, "events per relay drain")
+	flag.IntVar(&c.consume, "consume", 5000, "events per consumer run")
+	flag.DurationVar(&c.write, "write", time.Second, "duration of each outbox-write run")
+	flag.DurationVar(&c.e2e, "e2e", 3*time.Second, "duration of each end-to-end run")
+	flag.Parse()
+	c.only = map[string]bool{}
+	for _, s := range strings.Split(*only, ",") {
+		c.only[strings.TrimSpace(s)] = true
+	}
+	if err := run(context.Background(), c); err != nil {
+		fmt.Fprintln(os.Stderr, "watermill bench:", err)
+		os.Exit(1)
+	}
+}
+
+// results holds every round's value of each measurement.
+type results map[string][]float64
+
+func (r results) add(name, unit string, v float64) {
+	fmt.Printf("BenchmarkWatermill/%s 1 %.3f %s\n", name, v, unit)
+	r[name+" "+unit] = append(r[name+" "+unit], v)
+}
+
+func run(ctx context.Context, c config) error {
+	e, err := startEnv(ctx)
+	if err != nil {
+		return err
+	}
+	defer e.stop()
+	res := results{}
+	for round := 1; round <= c.rounds; round++ {
+		fmt.Fprintf(os.Stderr, "watermill bench: round %d/%d\n", round, c.rounds)
+		// Alternate who goes first, so a slow spell of the machine hits both.
+		oursFirst := round%2 == 1
+		if c.only["drain"] {
+			if err := drainRound(ctx, e, c, res, oursFirst); err != nil {
+				return fmt.Errorf("drain: %w", err)
+			}
+		}
+		if c.only["write"] {
+			if err := writeRound(ctx, e, c, res, oursFirst); err != nil {
+				return fmt.Errorf("write: %w", err)
+			}
+		}
+		if c.only["consume"] {
+			if err := consumeRound(ctx, e, c, res, oursFirst); err != nil {
+				return fmt.Errorf("consume: %w", err)
+			}
+		}
+		if c.only["e2e"] {
+			if err := e2eRound(ctx, e, c, res, oursFirst); err != nil {
+				return fmt.Errorf("end to end: %w", err)
+			}
+		}
+	}
+	summary(res)
+	return nil
+}
+
+// inOrder runs a and b, a first when aFirst.
+func inOrder(aFirst bool, a, b func() error) error {
+	if !aFirst {
+		a, b = b, a
+	}
+	if err := a(); err != nil {
+		return err
+	}
+	return b()
+}
+
+func drainRound(ctx context.Context, e *env, c config, res results, oursFirst bool) error {
+	oursRun := func() error {
+		s, err := e.newSchema(ctx, "wmb_ours")
+		if err != nil {
+			return err
+		}
+		defer s.drop()
+		o, err := newOurs(ctx, s)
+		if err != nil {
+			return err
+		}
+		v, err := o.drain(ctx, e.brokers, c.events)
+		if err != nil {
+			return err
+		}
+		res.add("drain/ours", "events/s", v)
+		return nil
+	}
+	wmRun := func() error {
+		s, err := e.newSchema(ctx, "wmb_wm")
+		if err != nil {
+			return err
+		}
+		defer s.drop()
+		w, err := newWM(ctx, s)
+		if err != nil {
+			return err
+		}
+		v, err := w.drain(ctx, e.brokers, c.events)
+		if err != nil {
+			return err
+		}
+		res.add("drain/watermill", "events/s", v)
+		return nil
+	}
+	if err := inOrder(oursFirst, oursRun, wmRun); err != nil {
+		return err
+	}
+	s, err := e.newSchema(ctx, "wmb_db")
+	if err != nil {
+		return err
+	}
+	defer s.drop()
+	o, err := newOurs(ctx, s)
+	if err != nil {
+		return err
+	}
+	v, err := claimAndMark(ctx, o, c.events)
+	if err != nil {
+		return err
+	}
+	res.add("drain/db-claim-mark", "events/s", v)
+	return nil
+}
+
+func writeRound(ctx context.Context, e *env, c config, res results, oursFirst bool) error {
+	s, err := e.newSchema(ctx, "wmb_write")
+	if err != nil {
+		return err
+	}
+	defer s.drop()
+	o, err := newOurs(ctx, s)
+	if err != nil {
+		return err
+	}
+	w, err := newWM(ctx, s)
+	if err != nil {
+		return err
+	}
+	d := descriptorFor("write-" + suffix())
+	wmTopic := "write-wm-" + suffix()
+	variants := []struct {
+		name    string
+		publish publishFunc
+	}{
+		{"bare", nil},
+		{"ours", func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
+			return o.publish(ctx, tx, d, ord)
+		}},
+		{"watermill", func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
+			return w.publish(ctx, tx, wmTopic, ord)
+		}},
+	}
+	if !oursFirst {
+		variants[1], variants[2] = variants[2], variants[1]
+	}
+	for _, clients := range []int{1, 8} {
+		for _, v := range variants {
+			ns, err := writeCost(ctx, s, clients, c.write, v.publish)
+			if err != nil {
+				return fmt.Errorf("%s, %d clients: %w", v.name, clients, err)
+			}
+			res.add(fmt.Sprintf("write-%d/%s", clients, v.name), "ns/op", ns)
+		}
+	}
+	return nil
+}
+
+func consumeRound(ctx context.Context, e *env, c config, res results, oursFirst bool) error {
+	s, err := e.newSchema(ctx, "wmb_consume")
+	if err != nil {
+		return err
+	}
+	defer s.drop()
+	o, err := newOurs(ctx, s)
+	if err != nil {
+		return err
+	}
+	w, err := newWM(ctx, s)
+	if err != nil {
+		return err
+	}
+	return inOrder(oursFirst, func() error {
+		v, err := o.consume(ctx, e.brokers, c.consume)
+		if err != nil {
+			return fmt.Errorf("ours: %w", err)
+		}
+		res.add("consume/ours", "events/s", v)
+		return nil
+	}, func() error {
+		v, err := w.consume(ctx, e.brokers, c.consume)
+		if err != nil {
+			return fmt.Errorf("watermill: %w", err)
+		}
+		res.add("consume/watermill", "events/s", v)
+		return nil
+	})
+}
+
+// e2eRates are the end-to-end runs: total rate, 4 producers each.
+var e2eRates = []int{500, 1000, 2000}
+
+const e2eProducers = 4
+
+func e2eRound(ctx context.Context, e *env, c config, res results, oursFirst bool) error {
+	for _, rate := range e2eRates {
+		record := func(name string, r e2eResult) {
+			res.add(fmt.Sprintf("e2e-%d/%s", rate, name), "p50-ms", r.p50)
+			res.add(fmt.Sprintf("e2e-%d/%s", rate, name), "p99-ms", r.p99)
+			res.add(fmt.Sprintf("e2e-%d/%s", rate, name), "events/s", r.rate)
+		}
+		err := inOrder(oursFirst, func() error {
+			s, err := e.newSchema(ctx, "wmb_e2e_ours")
+			if err != nil {
+				return err
+			}
+			defer s.drop()
+			o, err := newOurs(ctx, s)
+			if err != nil {
+				return err
+			}
+			topic := "e2e-ours-" + suffix()
+			if err := createTopics(ctx, e.brokers, topic); err != nil {
+				return err
+			}
+			d := descriptorFor(topic)
+			r, err := endToEnd(ctx, e.brokers, topic, rate, e2eProducers, c.e2e, s,
+				func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
+					return o.publish(ctx, tx, d, ord)
+				},
+				func(n *atomic.Int64) (func() error, error) { return o.startRelay(e.brokers, n) })
+			if err != nil {
+				return fmt.Errorf("ours at %d/s: %w", rate, err)
+			}
+			record("ours", r)
+			return nil
+		}, func() error {
+			s, err := e.newSchema(ctx, "wmb_e2e_wm")
+			if err != nil {
+				return err
+			}
+			defer s.drop()
+			w, err := newWM(ctx, s)
+			if err != nil {
+				return err
+			}
+			topic := "e2e-wm-" + suffix()
+			if err := createTopics(ctx, e.brokers, topic); err != nil {
+				return err
+			}
+			r, err := endToEnd(ctx, e.brokers, topic, rate, e2eProducers, c.e2e, s,
+				func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
+					return w.publish(ctx, tx, topic, ord)
+				},
+				func(n *atomic.Int64) (func() error, error) { return w.startForwarder(e.brokers, n) })
+			if err != nil {
+				return fmt.Errorf("watermill at %d/s: %w", rate, err)
+			}
+			record("watermill", r)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// summary prints every pair's per-round ratio: median, min and max.
+func summary(res results) {
+	pairs := [][3]string{
+		{"relay drain, ours / Watermill Forwarder", "drain/ours events/s", "drain/watermill events/s"},
+		{"relay drain, ours / database claim-and-mark", "drain/ours events/s", "drain/db-claim-mark events/s"},
+		{"relay drain, Watermill / database claim-and-mark", "drain/watermill events/s", "drain/db-claim-mark events/s"},
+		{"outbox write, 1 client, ours / bare insert", "write-1/ours ns/op", "write-1/bare ns/op"},
+		{"outbox write, 1 client, Watermill / bare insert", "write-1/watermill ns/op", "write-1/bare ns/op"},
+		{"outbox write, 8 clients, ours / bare insert", "write-8/ours ns/op", "write-8/bare ns/op"},
+		{"outbox write, 8 clients, Watermill / bare insert", "write-8/watermill ns/op", "write-8/bare ns/op"},
+		{"consumer with dedup, ours / Watermill", "consume/ours events/s", "consume/watermill events/s"},
+	}
+	for _, rate := range e2eRates {
+		pre := fmt.Sprintf("e2e-%d/", rate)
+		pairs = append(pairs,
+			[3]string{fmt.Sprintf("end to end at %d/s, p50 ours / Watermill", rate), pre + "ours p50-ms", pre + "watermill p50-ms"},
+			[3]string{fmt.Sprintf("end to end at %d/s, p99 ours / Watermill", rate), pre + "ours p99-ms", pre + "watermill p99-ms"})
+	}
+	fmt.Println("\nratios over the rounds (median, min–max):")
+	for _, p := range pairs {
+		num, den := res[p[1]], res[p[2]]
+		n := min(len(num), len(den))
+		if n == 0 {
+			continue
+		}
+		var rs []float64
+		for i := range n {
+			if den[i] > 0 {
+				rs = append(rs, num[i]/den[i])
+			}
+		}
+		if len(rs) == 0 {
+			continue
+		}
+		sort.Float64s(rs)
+		fmt.Printf("  %-52s %6.2fx  (%.2f–%.2f, %d rounds)\n", p[0], median(rs), rs[0], rs[len(rs)-1], len(rs))
+	}
+	for _, who := range []string{"ours", "watermill"} {
+		rate, p99 := res["e2e-2000/"+who+" events/s"], res["e2e-2000/"+who+" p99-ms"]
+		if len(rate) == 0 {
+			continue
+		}
+		lo, hi := minMax(rate)
+		fmt.Printf("  %-52s %6.0f/s (%.0f–%.0f), p99 %.1f ms (median)\n",
+			fmt.Sprintf("%d producers aiming at 2000/s, %s", e2eProducers, who), median(rate), lo, hi, median(p99))
+	}
+	fmt.Println("\nabsolute figures (median over the rounds):")
+	var names []string
+	for k := range res {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		fmt.Printf("  %-40s %12.1f\n", k, median(res[k]))
+	}
+}

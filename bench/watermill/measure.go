@@ -1,0 +1,248 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	ordersv1 "github.com/protoevents/protoevents/examples/gen/shop/orders/v1"
+)
+
+// publishFunc adds one system's event to the business transaction.
+type publishFunc func(ctx context.Context, tx pgx.Tx, o *ordersv1.OrderPlaced) error
+
+// businessTx is one business transaction: the order row and, unless
+// publish is nil, its event.
+func businessTx(ctx context.Context, s *schema, n int, publish publishFunc) error {
+	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		o := order(n)
+		if err := insertOrder(ctx, tx, o); err != nil {
+			return err
+		}
+		if publish == nil {
+			return nil
+		}
+		return publish(ctx, tx, o)
+	})
+}
+
+// writeCost runs business transactions from clients goroutines for dur and
+// returns the wall time per transaction in ns (at 8 clients, the inverse
+// of throughput).
+func writeCost(ctx context.Context, s *schema, clients int, dur time.Duration, publish publishFunc) (float64, error) {
+	var seq atomic.Int64
+	// Warm up the connections and the statement caches.
+	for i := range 2 * clients {
+		if err := businessTx(ctx, s, -1-i-int(seq.Add(1)), publish); err != nil {
+			return 0, err
+		}
+	}
+	var (
+		done  atomic.Int64
+		wg    sync.WaitGroup
+		first error
+		mu    sync.Mutex
+	)
+	start := time.Now()
+	deadline := start.Add(dur)
+	for range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for time.Now().Before(deadline) {
+				if err := businessTx(ctx, s, int(seq.Add(1)), publish); err != nil {
+					mu.Lock()
+					first = err
+					mu.Unlock()
+					return
+				}
+				done.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	if first != nil {
+		return 0, first
+	}
+	return float64(elapsed.Nanoseconds()) / float64(done.Load()), nil
+}
+
+// claimWorkers is how many connections claimAndMark uses: the relay works
+// its lanes concurrently, so the database's ceiling is measured so too.
+const claimWorkers = 4
+
+// claimAndMark is the database's own ceiling for a relay: plain SQL loops
+// that each claim the oldest pending rows, reading what a relay sends, and
+// mark them published in one statement per batch of 500 (UPDATE … WHERE id
+// IN (SELECT … FOR UPDATE SKIP LOCKED) RETURNING), without Kafka.
+func claimAndMark(ctx context.Context, o *ours, n int) (float64, error) {
+	if err := o.prefill(ctx, descriptorFor("claim-"+suffix()), n); err != nil {
+		return 0, err
+	}
+	var (
+		total atomic.Int64
+		wg    sync.WaitGroup
+		errs  = make(chan error, claimWorkers)
+	)
+	start := time.Now()
+	for range claimWorkers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				rows, err := o.s.pool.Query(ctx, `UPDATE outbox SET published_at = now()
+					WHERE id IN (SELECT id FROM outbox WHERE published_at IS NULL ORDER BY id LIMIT 500 FOR UPDATE SKIP LOCKED)
+					RETURNING id, topic, key, value, headers::text`)
+				if err != nil {
+					errs <- err
+					return
+				}
+				claimed := 0
+				for rows.Next() {
+					var (
+						id             int64
+						topic, headers string
+						key, value     []byte
+					)
+					if err := rows.Scan(&id, &topic, &key, &value, &headers); err != nil {
+						rows.Close()
+						errs <- err
+						return
+					}
+					claimed++
+				}
+				if err := rows.Err(); err != nil {
+					errs <- err
+					return
+				}
+				if claimed == 0 {
+					return
+				}
+				total.Add(int64(claimed))
+			}
+		}()
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	close(errs)
+	if err := <-errs; err != nil {
+		return 0, fmt.Errorf("claim and mark: %w", err)
+	}
+	if got := total.Load(); got != int64(n) {
+		return 0, fmt.Errorf("claim and mark: %d rows, want %d", got, n)
+	}
+	return float64(n) / elapsed.Seconds(), nil
+}
+
+// e2eResult is one end-to-end run.
+type e2eResult struct {
+	p50, p99 float64 // milliseconds, from the start of the business transaction to a consumer's receipt
+	rate     float64 // events/s committed by the producers
+}
+
+// endToEnd measures latency at a fixed rate: producers goroutines each
+// commit business transactions with their event on a shared schedule
+// (rate in total, catching up without sleeping when behind), the relay (or
+// forwarder) runs, and a plain Kafka consumer stamps each arrival.
+func endToEnd(ctx context.Context, brokers []string, topic string, rate, producers int, dur time.Duration, s *schema,
+	publish publishFunc, startRelay func(*atomic.Int64) (func() error, error)) (e2eResult, error) {
+	const warm = 20
+	total := int(float64(rate) * dur.Seconds())
+	sent := make([]atomic.Int64, warm+total)
+	var (
+		mu       sync.Mutex
+		lats     = make([]time.Duration, 0, total)
+		received atomic.Int64
+	)
+	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ConsumeTopics(topic),
+		kgo.ConsumeResetOffset(kgo.NewOffset().AtStart()), kgo.FetchMaxWait(200*time.Millisecond))
+	if err != nil {
+		return e2eResult{}, err
+	}
+	cctx, stopConsumer := context.WithCancel(ctx)
+	consumed := make(chan struct{})
+	go func() {
+		defer close(consumed)
+		for cctx.Err() == nil {
+			fs := cl.PollFetches(cctx)
+			now := time.Now()
+			fs.EachRecord(func(r *kgo.Record) {
+				n, err := strconv.Atoi(strings.TrimPrefix(string(r.Key), "o-"))
+				if err != nil || n < 0 || n >= len(sent) {
+					return
+				}
+				if n >= warm {
+					mu.Lock()
+					lats = append(lats, now.Sub(time.Unix(0, sent[n].Load())))
+					mu.Unlock()
+				}
+				received.Add(1)
+			})
+		}
+	}()
+	defer func() { stopConsumer(); <-consumed; cl.Close() }()
+
+	var relayed atomic.Int64
+	stop, err := startRelay(&relayed)
+	if err != nil {
+		return e2eResult{}, err
+	}
+	defer func() { _ = stop() }()
+	for i := range warm {
+		sent[i].Store(time.Now().UnixNano())
+		if err := businessTx(ctx, s, i, publish); err != nil {
+			return e2eResult{}, err
+		}
+	}
+	if err := waitFor(ctx, time.Minute, func() bool { return received.Load() >= warm }); err != nil {
+		return e2eResult{}, fmt.Errorf("warm-up events not delivered: %w", err)
+	}
+
+	var (
+		wg      sync.WaitGroup
+		errOnce sync.Once
+		perr    error
+		lastEnd atomic.Int64
+	)
+	start := time.Now()
+	interval := time.Second / time.Duration(rate)
+	for p := range producers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := p; k < total; k += producers {
+				if d := time.Until(start.Add(time.Duration(k) * interval)); d > 0 {
+					time.Sleep(d)
+				}
+				n := warm + k
+				sent[n].Store(time.Now().UnixNano())
+				if err := businessTx(ctx, s, n, publish); err != nil {
+					errOnce.Do(func() { perr = err })
+					return
+				}
+				lastEnd.Store(time.Now().UnixNano())
+			}
+		}()
+	}
+	wg.Wait()
+	if perr != nil {
+		return e2eResult{}, perr
+	}
+	produced := time.Duration(lastEnd.Load() - start.UnixNano())
+	if err := waitFor(ctx, time.Minute, func() bool { return received.Load() >= int64(warm+total) }); err != nil {
+		return e2eResult{}, fmt.Errorf("%d of %d events delivered: %w", received.Load(), warm+total, err)
+	}
+	mu.Lock()
+	sorted := append([]time.Duration(nil), lats...)
+	mu.Unlock()
+	sortDurations(sorted)
+	return e2eResult{p50: percentile(sorted, 0.50), p99: percentile(sorted, 0.99), rate: float64(total) / produced.Seconds()}, nil
+}

@@ -1,0 +1,186 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
+
+	ordersv1 "github.com/protoevents/protoevents/examples/gen/shop/orders/v1"
+	"github.com/protoevents/protoevents/runtime/consumer"
+	"github.com/protoevents/protoevents/runtime/envelope"
+	"github.com/protoevents/protoevents/runtime/events"
+	"github.com/protoevents/protoevents/runtime/outbox"
+)
+
+// ours is protoevents on one schema: the outbox, its writer and a relay.
+type ours struct {
+	s *schema
+	w *outbox.Writer
+}
+
+func newOurs(ctx context.Context, s *schema) (*ours, error) {
+	if err := outbox.Migrate(ctx, s.pool); err != nil {
+		return nil, err
+	}
+	w, err := outbox.NewWriter()
+	if err != nil {
+		return nil, err
+	}
+	return &ours{s: s, w: w}, nil
+}
+
+// publish is the producer's side of a business transaction: the event in
+// the same transaction as the order.
+func (o *ours) publish(ctx context.Context, tx pgx.Tx, d *events.Descriptor, ord *ordersv1.OrderPlaced) error {
+	_, err := o.w.Write(ctx, tx, orderEvent{OrderPlaced: ord, d: d})
+	return err
+}
+
+// prefill writes n events in transactions of 1000 (WriteBatch).
+func (o *ours) prefill(ctx context.Context, d *events.Descriptor, n int) error {
+	for i := 0; i < n; i += 1000 {
+		batch := make([]events.Event, 0, 1000)
+		for j := i; j < min(i+1000, n); j++ {
+			batch = append(batch, orderEvent{OrderPlaced: order(j), d: d})
+		}
+		if err := pgx.BeginFunc(ctx, o.s.pool, func(tx pgx.Tx) error {
+			_, err := o.w.WriteBatch(ctx, tx, batch)
+			return err
+		}); err != nil {
+			return fmt.Errorf("prefill outbox: %w", err)
+		}
+	}
+	return nil
+}
+
+// startRelay runs a relay with its defaults; published counts the rows it
+// marked. stop cancels it and waits.
+func (o *ours) startRelay(brokers []string, published *atomic.Int64) (stop func() error, err error) {
+	r, err := outbox.NewRelay(o.s.pool, brokers, outbox.WithLogger(quietLogger()),
+		outbox.WithMetrics(outbox.Metrics{Published: func(n int) { published.Add(int64(n)) }}))
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	return func() error { cancel(); return <-done }, nil
+}
+
+// drain measures how fast the relay empties an outbox of n events.
+func (o *ours) drain(ctx context.Context, brokers []string, n int) (float64, error) {
+	topic := "ours-drain-" + suffix()
+	if err := createTopics(ctx, brokers, topic); err != nil {
+		return 0, err
+	}
+	d := descriptorFor(topic)
+	if err := o.prefill(ctx, d, n); err != nil {
+		return 0, err
+	}
+	var published atomic.Int64
+	start := time.Now()
+	stop, err := o.startRelay(brokers, &published)
+	if err != nil {
+		return 0, err
+	}
+	err = waitFor(ctx, 2*time.Minute, func() bool { return published.Load() >= int64(n) })
+	elapsed := time.Since(start)
+	if serr := stop(); err == nil {
+		err = serr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("our relay: %d of %d published: %w", published.Load(), n, err)
+	}
+	if got, err := topicRecords(ctx, brokers, topic); err != nil || got < int64(n) {
+		return 0, fmt.Errorf("our relay: %d of %d records on the topic (%v)", got, n, err)
+	}
+	return float64(n) / elapsed.Seconds(), nil
+}
+
+// consume measures our consumer with deduplication over n events already
+// on a topic: one business insert per event in the dedup transaction;
+// events/s from the first handled event to the last, as the Go benchmark
+// does, so the group join is left out.
+func (o *ours) consume(ctx context.Context, brokers []string, n int) (float64, error) {
+	if err := consumer.Migrate(ctx, o.s.pool); err != nil {
+		return 0, err
+	}
+	if _, err := o.s.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS seen (order_id text PRIMARY KEY, amount_cents bigint NOT NULL)`); err != nil {
+		return 0, err
+	}
+	topic := "ours-consume-" + suffix()
+	if err := createTopics(ctx, brokers, topic, topic+".dlq"); err != nil {
+		return 0, err
+	}
+	d := descriptorFor(topic)
+	recs := make([]*kgo.Record, n)
+	for i := range recs {
+		env, err := envelope.New(orderEvent{OrderPlaced: order(i), d: d}, events.PublishOptions{}, envelope.Options{Format: envelope.FormatJSON})
+		if err != nil {
+			return 0, err
+		}
+		value, hs, err := env.Encode()
+		if err != nil {
+			return 0, err
+		}
+		recs[i] = &kgo.Record{Topic: topic, Key: env.Key, Value: value, Headers: kgoHeaders(hs)}
+	}
+	if err := produce(ctx, brokers, recs); err != nil {
+		return 0, err
+	}
+	var (
+		count       atomic.Int64
+		first, last atomic.Int64
+		once        sync.Once
+		done        = make(chan struct{})
+	)
+	h := consumer.Bind(d, func(ctx context.Context, tx pgx.Tx, _ events.Meta, ev orderEvent) error {
+		_, err := tx.Exec(ctx, `INSERT INTO seen (order_id, amount_cents) VALUES ($1, $2)`, ev.OrderId, ev.TotalCents)
+		return err
+	})
+	c, err := consumer.New(consumer.Config{Name: "bench-" + suffix(), Brokers: brokers, DB: o.s.pool}, h,
+		consumer.WithLogger(quietLogger()),
+		consumer.WithHooks(consumer.Hooks{Processed: func(events.Delivery, string, time.Duration) {
+			now := time.Now().UnixNano()
+			first.CompareAndSwap(0, now)
+			if count.Add(1) == int64(n) {
+				last.Store(now)
+				once.Do(func() { close(done) })
+			}
+		}}))
+	if err != nil {
+		return 0, err
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	stopped := make(chan error, 1)
+	go func() { stopped <- c.Run(cctx) }()
+	select {
+	case <-done:
+	case err := <-stopped:
+		cancel()
+		return 0, fmt.Errorf("our consumer stopped: %v", err)
+	case <-time.After(2 * time.Minute):
+		cancel()
+		<-stopped
+		return 0, fmt.Errorf("our consumer: %d of %d handled", count.Load(), n)
+	}
+	cancel()
+	if err := <-stopped; err != nil {
+		return 0, err
+	}
+	return float64(n-1) / time.Duration(last.Load()-first.Load()).Seconds(), nil
+}
+
+func kgoHeaders(hs []kafka.Header) []kgo.RecordHeader {
+	out := make([]kgo.RecordHeader, len(hs))
+	for i, h := range hs {
+		out[i] = kgo.RecordHeader{Key: h.Key, Value: h.Value}
+	}
+	return out
+}

@@ -1,0 +1,294 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	wmkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	wmsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/components/forwarder"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	ordersv1 "github.com/protoevents/protoevents/examples/gen/shop/orders/v1"
+)
+
+// Watermill's configuration, as a user tuning it for this workload would
+// set it (see README.md beside this file):
+const (
+	// wmBatch is the SQL subscriber's SubscribeBatchSize: rows read per
+	// query (default 100).
+	wmBatch = 500
+	// wmPoll is the SQL subscriber's PollInterval when the table is empty
+	// (default 1s, far too slow for the latency measurements).
+	wmPoll = 10 * time.Millisecond
+)
+
+var wmLogger = watermill.NopLogger{}
+
+// wm is Watermill on one schema: a forwarder topic (its SQL table) in the
+// same database as the orders.
+type wm struct {
+	s        *schema
+	fwdTopic string
+	schema   wmsql.DefaultPostgreSQLSchema
+}
+
+func newWM(ctx context.Context, s *schema) (*wm, error) {
+	w := &wm{s: s, fwdTopic: "fwd_" + suffix(), schema: wmsql.DefaultPostgreSQLSchema{SubscribeBatchSize: wmBatch}}
+	// Publishers in the user's transaction may not create the table (CREATE
+	// TABLE would commit it): create it up front, as a deployment would.
+	qs, err := w.schema.SchemaInitializingQueries(wmsql.SchemaInitializingQueriesParams{Topic: w.fwdTopic})
+	if err != nil {
+		return nil, err
+	}
+	err = pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		for _, q := range qs {
+			if _, err := tx.Exec(ctx, q.Query, q.Args...); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("watermill: initialize schema: %w", err)
+	}
+	return w, nil
+}
+
+// message builds the Watermill message of an order: JSON payload, the key
+// in the metadata for the partitioning marshaler.
+func wmMessage(o *ordersv1.OrderPlaced) *message.Message {
+	m := message.NewMessage(watermill.NewUUID(), orderJSON(o))
+	m.Metadata.Set("key", o.OrderId)
+	return m
+}
+
+// publish is the documented transactional outbox with Watermill: a SQL
+// publisher on the user's transaction, wrapped by the forwarder's
+// publisher, which records the destination topic in an envelope.
+func (w *wm) publish(ctx context.Context, tx pgx.Tx, topic string, o *ordersv1.OrderPlaced) error {
+	p, err := wmsql.NewPublisher(wmsql.TxFromPgx(tx), wmsql.PublisherConfig{SchemaAdapter: w.schema}, wmLogger)
+	if err != nil {
+		return err
+	}
+	return forwarder.NewPublisher(p, forwarder.PublisherConfig{ForwarderTopic: w.fwdTopic}).Publish(topic, wmMessage(o))
+}
+
+// prefill writes n messages for topic, 1000 per INSERT.
+func (w *wm) prefill(ctx context.Context, topic string, n int) error {
+	p, err := wmsql.NewPublisher(wmsql.BeginnerFromPgx(w.s.pool), wmsql.PublisherConfig{SchemaAdapter: w.schema}, wmLogger)
+	if err != nil {
+		return err
+	}
+	fp := forwarder.NewPublisher(p, forwarder.PublisherConfig{ForwarderTopic: w.fwdTopic})
+	for i := 0; i < n; i += 1000 {
+		msgs := make([]*message.Message, 0, 1000)
+		for j := i; j < min(i+1000, n); j++ {
+			msgs = append(msgs, wmMessage(order(j)))
+		}
+		if err := fp.Publish(topic, msgs...); err != nil {
+			return fmt.Errorf("watermill prefill: %w", err)
+		}
+	}
+	return nil
+}
+
+// saramaProducer is a synchronous producer with acks=all, as the outbox
+// guarantee needs (the default is acks=1).
+func saramaProducer() *sarama.Config {
+	c := wmkafka.DefaultSaramaSyncPublisherConfig()
+	c.Version = sarama.V2_1_0_0
+	c.Producer.RequiredAcks = sarama.WaitForAll
+	c.Producer.Retry.Backoff = 10 * time.Millisecond
+	c.Metadata.Retry.Backoff = 100 * time.Millisecond
+	return c
+}
+
+func wmKafkaPublisher(brokers []string) (*wmkafka.Publisher, error) {
+	return wmkafka.NewPublisher(wmkafka.PublisherConfig{
+		Brokers:               brokers,
+		Marshaler:             wmkafka.NewWithPartitioningMarshaler(func(_ string, m *message.Message) (string, error) { return m.Metadata.Get("key"), nil }),
+		OverwriteSaramaConfig: saramaProducer(),
+	}, wmLogger)
+}
+
+// startForwarder runs Watermill's Forwarder: the SQL subscriber on the
+// forwarder topic, each message unwrapped and sent with the Kafka
+// publisher; forwarded counts the messages whose publish returned.
+func (w *wm) startForwarder(brokers []string, forwarded *atomic.Int64) (stop func() error, err error) {
+	sub, err := wmsql.NewSubscriber(wmsql.BeginnerFromPgx(w.s.pool), wmsql.SubscriberConfig{
+		SchemaAdapter:    w.schema,
+		OffsetsAdapter:   wmsql.DefaultPostgreSQLOffsetsAdapter{},
+		PollInterval:     wmPoll,
+		ResendInterval:   10 * time.Millisecond,
+		RetryInterval:    10 * time.Millisecond,
+		InitializeSchema: true,
+	}, wmLogger)
+	if err != nil {
+		return nil, err
+	}
+	pub, err := wmKafkaPublisher(brokers)
+	if err != nil {
+		return nil, err
+	}
+	count := func(h message.HandlerFunc) message.HandlerFunc {
+		return func(m *message.Message) ([]*message.Message, error) {
+			out, err := h(m)
+			if err == nil {
+				forwarded.Add(1)
+			}
+			return out, err
+		}
+	}
+	f, err := forwarder.NewForwarder(sub, pub, wmLogger, forwarder.Config{
+		ForwarderTopic: w.fwdTopic,
+		Middlewares:    []message.HandlerMiddleware{count},
+		CloseTimeout:   5 * time.Second,
+	})
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- f.Run(ctx) }()
+	return func() error {
+		cancel()
+		err := <-done
+		_ = f.Close()
+		_ = pub.Close()
+		return err
+	}, nil
+}
+
+// drain measures how fast the Forwarder empties a table of n messages.
+func (w *wm) drain(ctx context.Context, brokers []string, n int) (float64, error) {
+	topic := "wm-drain-" + suffix()
+	if err := createTopics(ctx, brokers, topic); err != nil {
+		return 0, err
+	}
+	if err := w.prefill(ctx, topic, n); err != nil {
+		return 0, err
+	}
+	var forwarded atomic.Int64
+	start := time.Now()
+	stop, err := w.startForwarder(brokers, &forwarded)
+	if err != nil {
+		return 0, err
+	}
+	err = waitFor(ctx, 5*time.Minute, func() bool { return forwarded.Load() >= int64(n) })
+	elapsed := time.Since(start)
+	if serr := stop(); err == nil {
+		err = serr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("watermill forwarder: %d of %d forwarded: %w", forwarded.Load(), n, err)
+	}
+	if got, err := topicRecords(ctx, brokers, topic); err != nil || got < int64(n) {
+		return 0, fmt.Errorf("watermill forwarder: %d of %d records on the topic (%v)", got, n, err)
+	}
+	return float64(n) / elapsed.Seconds(), nil
+}
+
+// consume measures a Watermill router on the Kafka subscriber with the
+// hand-written deduplication a user writes: in one transaction, insert the
+// message UUID (ON CONFLICT DO NOTHING) and, if new, the business row; ack
+// after commit. n messages are produced first; events/s from the first
+// handled message to the last.
+func (w *wm) consume(ctx context.Context, brokers []string, n int) (float64, error) {
+	if _, err := w.s.pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS wm_processed (consumer text NOT NULL, message_uuid text NOT NULL,
+		processed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (consumer, message_uuid));
+		CREATE TABLE IF NOT EXISTS wm_seen (order_id text PRIMARY KEY, amount_cents bigint NOT NULL)`); err != nil {
+		return 0, err
+	}
+	topic := "wm-consume-" + suffix()
+	if err := createTopics(ctx, brokers, topic); err != nil {
+		return 0, err
+	}
+	pub, err := wmKafkaPublisher(brokers)
+	if err != nil {
+		return 0, err
+	}
+	msgs := make([]*message.Message, n)
+	for i := range msgs {
+		msgs[i] = wmMessage(order(i))
+	}
+	for i := 0; i < n; i += 1000 {
+		if err := pub.Publish(topic, msgs[i:min(i+1000, n)]...); err != nil {
+			_ = pub.Close()
+			return 0, err
+		}
+	}
+	_ = pub.Close()
+
+	sc := wmkafka.DefaultSaramaSubscriberConfig()
+	sc.Version = sarama.V2_1_0_0
+	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
+	sub, err := wmkafka.NewSubscriber(wmkafka.SubscriberConfig{
+		Brokers:               brokers,
+		Unmarshaler:           wmkafka.DefaultMarshaler{},
+		ConsumerGroup:         "wm-bench-" + suffix(),
+		OverwriteSaramaConfig: sc,
+		NackResendSleep:       10 * time.Millisecond,
+	}, wmLogger)
+	if err != nil {
+		return 0, err
+	}
+	router, err := message.NewRouter(message.RouterConfig{CloseTimeout: 5 * time.Second}, wmLogger)
+	if err != nil {
+		return 0, err
+	}
+	var (
+		count       atomic.Int64
+		first, last atomic.Int64
+		once        sync.Once
+		done        = make(chan struct{})
+	)
+	const consumerName = "bench"
+	router.AddConsumerHandler("dedup", topic, sub, func(m *message.Message) error {
+		var o ordersv1.OrderPlaced
+		if err := protojson.Unmarshal(m.Payload, &o); err != nil {
+			return err
+		}
+		err := pgx.BeginFunc(m.Context(), w.s.pool, func(tx pgx.Tx) error {
+			tag, err := tx.Exec(m.Context(), `INSERT INTO wm_processed (consumer, message_uuid) VALUES ($1, $2) ON CONFLICT DO NOTHING`, consumerName, m.UUID)
+			if err != nil || tag.RowsAffected() == 0 {
+				return err
+			}
+			_, err = tx.Exec(m.Context(), `INSERT INTO wm_seen (order_id, amount_cents) VALUES ($1, $2)`, o.OrderId, o.TotalCents)
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		now := time.Now().UnixNano()
+		first.CompareAndSwap(0, now)
+		if count.Add(1) == int64(n) {
+			last.Store(now)
+			once.Do(func() { close(done) })
+		}
+		return nil
+	})
+	rctx, cancel := context.WithCancel(ctx)
+	stopped := make(chan error, 1)
+	go func() { stopped <- router.Run(rctx) }()
+	select {
+	case <-done:
+	case err := <-stopped:
+		cancel()
+		return 0, fmt.Errorf("watermill router stopped: %v", err)
+	case <-time.After(2 * time.Minute):
+		cancel()
+		<-stopped
+		return 0, fmt.Errorf("watermill consumer: %d of %d handled", count.Load(), n)
+	}
+	cancel()
+	<-stopped
+	return float64(n-1) / time.Duration(last.Load()-first.Load()).Seconds(), nil
+}
