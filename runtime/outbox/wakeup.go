@@ -64,9 +64,10 @@ func wakeTable(t tableName) {
 
 // Notify wakes the relays running in this process on the Writer's table:
 // they poll at once and then every millisecond or so, backing off, instead
-// of waiting out their idle poll interval. Call it right after committing a
-// transaction the Writer wrote in (calling it before the commit works too:
-// the quick polls that follow find the rows once the commit lands). It
+// of waiting out their idle poll interval. Write and WriteBatch call it
+// after their insert (before the caller commits: the quick polls that
+// follow find the rows once the commit lands); call it again right after
+// committing when a transaction stays open long after its writes. It
 // never blocks and costs nothing when no relay runs in the process; relays
 // in other processes find the rows by polling (WithPollInterval).
 func (w *Writer) Notify() { wakeTable(w.table) }

@@ -194,6 +194,9 @@ func (w *Writer) Write(ctx context.Context, tx Tx, ev events.Event, opts ...even
 	if _, err := tx.Exec(ctx, w.q.insert, r.id.String(), r.eventType, r.topic, r.key, r.value, r.headers); err != nil {
 		return events.EventID{}, fmt.Errorf("outbox: insert %s %s into %s: %w", r.eventType, r.id, w.table, missingTable(err))
 	}
+	// Relays of this process poll quickly from now on and find the row
+	// once the caller commits (see Notify).
+	wakeTable(w.table)
 	return r.id, nil
 }
 
@@ -228,6 +231,7 @@ func (w *Writer) WriteBatch(ctx context.Context, tx Tx, evs []events.Event, opts
 	if _, err := tx.Exec(ctx, w.q.insertBatch, eids, types, topics, keys, values, hdrs); err != nil {
 		return nil, fmt.Errorf("outbox: insert %d events into %s: %w", len(evs), w.table, missingTable(err))
 	}
+	wakeTable(w.table)
 	return ids, nil
 }
 
