@@ -346,6 +346,9 @@ type loop struct {
 	grace context.Context
 	s     *session
 	bo    backoff
+	// fast counts the polls at pollMin left after a wake-up (wakeFastPolls)
+	// before the idle poll delay doubles again.
+	fast int
 	// limit is the adaptive batch size; poll the next idle poll delay.
 	limit int
 	poll  time.Duration
@@ -443,7 +446,11 @@ func (l *loop) due() bool {
 // poll, up to the poll interval; a wake-up or work resets it.
 func (l *loop) idle(ctx context.Context) {
 	d := min(l.poll, time.Until(l.nextRebalance), time.Until(l.nextCleanup))
-	l.poll = min(2*l.poll, l.r.cfg.pollInterval)
+	if l.fast > 0 {
+		l.fast-- // just woken: the rows come with the writer's commit, any moment now
+	} else {
+		l.poll = min(2*l.poll, l.r.cfg.pollInterval)
+	}
 	if l.r.cfg.metrics.Pending != nil {
 		d = min(d, time.Until(l.nextStatus))
 	}
@@ -465,7 +472,7 @@ func (l *loop) idle(ctx context.Context) {
 	select {
 	case <-ctx.Done():
 	case <-l.wake:
-		l.poll = pollMin
+		l.poll, l.fast = pollMin, wakeFastPolls
 	case <-t.C:
 	}
 }

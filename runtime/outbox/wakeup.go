@@ -18,6 +18,10 @@ import (
 const (
 	pollMin             = time.Millisecond
 	defaultPollInterval = 100 * time.Millisecond
+	// wakeFastPolls is how many polls a wake-up keeps at pollMin before
+	// backing off: a Writer wakes the relays before its caller commits,
+	// and a commit under load takes a few milliseconds.
+	wakeFastPolls = 8
 )
 
 // wakeRegistry holds the wake-up channels of the relays running in this
