@@ -302,7 +302,7 @@ func (r *Relay) newKafkaWriter() *kafka.Writer {
 	w := &kafka.Writer{
 		Addr:            kafka.TCP(r.brokers...),
 		Balancer:        kafka.Murmur2Balancer{},
-		BatchTimeout:    time.Millisecond,
+		BatchTimeout:    100 * time.Microsecond,
 		MaxAttempts:     3,
 		WriteBackoffMin: 50 * time.Millisecond,
 		WriteBackoffMax: 500 * time.Millisecond,

@@ -87,13 +87,13 @@ ORDER BY n`, table),
 		// runs outside a transaction so that the next batch can be claimed
 		// while the previous one is being published.
 		claim: fmt.Sprintf(`SELECT id, event_id, event_type, topic, key, lane, value, headers::text, attempts
-FROM %s WHERE published_at IS NULL AND lane = ANY($1::int[]) AND id <> ALL($3::bigint[])
+FROM %s WHERE published_at IS NULL AND lane = ANY($1::int[]) AND id NOT IN (SELECT unnest($3::bigint[]))
 ORDER BY id LIMIT $2`, table),
 		// claimUnparked is claim without the rows of parked keys ($4 topics,
 		// $5 keys) and of parked topics ($6): all of a parked key's or
 		// topic's rows wait, so its order holds. The arrays must not be NULL.
 		claimUnparked: fmt.Sprintf(`SELECT id, event_id, event_type, topic, key, lane, value, headers::text, attempts
-FROM %s o WHERE published_at IS NULL AND lane = ANY($1::int[]) AND id <> ALL($3::bigint[])
+FROM %s o WHERE published_at IS NULL AND lane = ANY($1::int[]) AND id NOT IN (SELECT unnest($3::bigint[]))
   AND topic <> ALL($6::text[])
   AND NOT EXISTS (SELECT 1 FROM unnest($4::text[], $5::bytea[]) AS p(topic, key) WHERE p.topic = o.topic AND p.key = o.key)
 ORDER BY id LIMIT $2`, table),
