@@ -57,6 +57,8 @@ type Config struct {
 type Report struct {
 	OrdersPlaced       int
 	EventsWritten      int   // outbox rows written by the orders service (v1 + v2)
+	OrdersCancelled    int   // orders cancelled once shipped (an OrderCancelled each)
+	CancelsApplied     int64 // cancellations shipping applied (its second event type)
 	Published          int64 // rows the relays marked published (re-sent rows count once)
 	RelayCrashes       int
 	ConsumerCrashes    int
@@ -80,9 +82,10 @@ func (r *Report) Print(w io.Writer) {
 	fmt.Fprintf(w, "\nprotoevents demo report (%s)\n", r.Elapsed.Round(time.Millisecond))
 	fmt.Fprintf(w, "  orders placed                 %6d  (1 to an unserved country: the poison order)\n", r.OrdersPlaced)
 	fmt.Fprintf(w, "  events written to the outbox  %6d  (OrderPlaced v2 and, side by side, v1)\n", r.EventsWritten)
-	fmt.Fprintf(w, "  published by the relay        %6d  (those + %d ShipmentCreated from shipping's outbox; after %d relay crash between publish and mark)\n", r.Published, r.ShipmentEvents, r.RelayCrashes)
+	fmt.Fprintf(w, "  published by the relay        %6d  (those + %d OrderCancelled + %d ShipmentCreated from shipping's outbox; after %d relay crash between publish and mark)\n", r.Published, r.OrdersCancelled, r.ShipmentEvents, r.RelayCrashes)
 	fmt.Fprintf(w, "  consumed once (applied)       %6d  (shipping, OrderPlaced v1)\n", r.Applied)
 	fmt.Fprintf(w, "  consumed once (applied)       %6d  (revenue, OrderPlaced v2: migrated already)\n", r.AppliedV2)
+	fmt.Fprintf(w, "  cancellations applied         %6d  of %d (shipping, OrderCancelled: the same service consumer)\n", r.CancelsApplied, r.OrdersCancelled)
 	fmt.Fprintf(w, "  duplicates absorbed           %6d  (re-sent by the relay, redelivered after %d consumer crash)\n", r.DuplicatesAbsorbed, r.ConsumerCrashes)
 	fmt.Fprintf(w, "  retries                       %6d\n", r.Retries)
 	fmt.Fprintf(w, "  dead-lettered                 %6d  (%s)\n", r.DeadLettered, ordersv1.OrderPlacedDLQTopic)
@@ -283,8 +286,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	fmt.Fprintf(cfg.Progress, "  placed %d orders (%d outbox rows)\n", rep.OrdersPlaced, rep.EventsWritten)
 
-	// Wait until every good order is applied and the poison is in the DLQ.
+	// Wait until every good order is applied and the poison is in the DLQ;
+	// then cancel every 100th shipped order and wait for shipping (the same
+	// service consumer, its second event type) to cancel those shipments.
 	want := int64(cfg.Orders - 1)
+	cancelSent := false
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	for ticks, done := 0, false; !done; {
@@ -301,7 +307,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			}
 			_ = cfg.DB.QueryRow(ctx, `SELECT count(*) FROM revenue`).Scan(&revenueRows)
 			applied := effects(ctx, cfg.DB)
-			done = applied >= want && cnt.deadLettered.Load() >= 1 && pending == 0 && revenueRows >= int64(cfg.Orders)
+			shipped := applied >= want && cnt.deadLettered.Load() >= 1 && revenueRows >= int64(cfg.Orders)
+			if shipped && !cancelSent {
+				if err := cancelOrders(ctx, orderSvc, cfg.Orders, rep); err != nil {
+					return nil, err
+				}
+				cancelSent = true
+				continue
+			}
+			done = shipped && pending == 0 && cancelsApplied(ctx, cfg.DB) >= int64(rep.OrdersCancelled)
 			if ticks++; ticks%4 == 0 || done {
 				fmt.Fprintf(cfg.Progress, "  published %d, shipping applied %d/%d, revenue applied %d/%d, duplicates absorbed %d, retries %d, dead-lettered %d\n",
 					cnt.published.Load(), applied, want, revenueRows, cfg.Orders, cnt.duplicates.Load(), cnt.retries.Load(), cnt.deadLettered.Load())
@@ -324,6 +338,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if err := cfg.DB.QueryRow(ctx, `SELECT count(*) FROM shipments`).Scan(&rep.ShipmentEvents); err != nil {
 		return nil, fmt.Errorf("demo: count shipments: %w", err)
 	}
+	rep.CancelsApplied = cancelsApplied(ctx, cfg.DB)
 	rep.DuplicatesAbsorbed = cnt.duplicates.Load()
 	rep.Retries = cnt.retries.Load()
 	rep.DeadLettered = cnt.deadLettered.Load()
@@ -334,6 +349,29 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep.Violations = append(rep.Violations, Check(ctx, cfg.DB, rep)...)
 	rep.Elapsed = time.Since(start)
 	return rep, nil
+}
+
+// cancelOrders cancels every 100th order but the poison one (all shipped
+// by now), each with its OrderCancelled in the same transaction.
+func cancelOrders(ctx context.Context, orderSvc *orders.Service, n int, rep *Report) error {
+	for i := 50; i < n; i += 100 {
+		id := fmt.Sprintf("ord-%05d", i)
+		if id == rep.PoisonOrderID {
+			continue
+		}
+		if _, err := orderSvc.CancelOrder(ctx, id, "customer changed their mind", "demo", "demo-"+id); err != nil {
+			return err
+		}
+		rep.OrdersCancelled++
+	}
+	return nil
+}
+
+// cancelsApplied counts the cancellations shipping recorded.
+func cancelsApplied(ctx context.Context, db *pgxpool.Pool) int64 {
+	var n int64
+	_ = db.QueryRow(ctx, `SELECT count(*) FROM cancelled_orders`).Scan(&n)
+	return n
 }
 
 // runner is what the demo supervises: a relay or a consumer.
@@ -410,7 +448,20 @@ func Check(ctx context.Context, db *pgxpool.Pool, rep *Report) []string {
 	if rep.AppliedV2 != int64(rep.OrdersPlaced) {
 		bad("the v2 consumer applied %d events, want one per order (%d)", rep.AppliedV2, rep.OrdersPlaced)
 	}
-	if written := int64(rep.EventsWritten) + rep.ShipmentEvents; rep.Published != written {
+	var cancelled, stillBooked, unasked int64
+	if err := db.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM cancelled_orders),
+		(SELECT count(*) FROM shipments s JOIN cancelled_orders c USING (order_id) WHERE s.status <> 'cancelled'),
+		(SELECT count(*) FROM cancelled_orders c JOIN orders o USING (order_id) WHERE o.cancelled_at IS NULL)`).Scan(&cancelled, &stillBooked, &unasked); err != nil {
+		bad("query cancellations: %v", err)
+	}
+	if cancelled != int64(rep.OrdersCancelled) {
+		bad("shipping applied %d cancellations, want %d", cancelled, rep.OrdersCancelled)
+	}
+	if stillBooked > 0 || unasked > 0 {
+		bad("%d cancelled orders still have a booked shipment, %d cancellations were never asked for", stillBooked, unasked)
+	}
+	if written := int64(rep.EventsWritten+rep.OrdersCancelled) + rep.ShipmentEvents; rep.Published != written {
 		bad("the relay marked %d outbox rows published, but %d were written", rep.Published, written)
 	}
 	if rep.RelayCrashes > 0 && rep.DuplicatesAbsorbed == 0 {

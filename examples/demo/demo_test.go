@@ -36,6 +36,9 @@ func TestDemoFlow(t *testing.T) {
 	if !rep.OK() {
 		t.Fatalf("invariants violated: %v", rep.Violations)
 	}
+	if rep.OrdersCancelled != 1 || rep.CancelsApplied != 1 {
+		t.Fatalf("cancellations: %d asked, %d applied by shipping; want 1 and 1", rep.OrdersCancelled, rep.CancelsApplied)
+	}
 	if rep.OrdersPlaced != 120 || rep.EventsWritten != 240 || rep.AppliedV2 != 120 {
 		t.Errorf("placed %d orders, %d events, %d applied by the v2 consumer; want 120, 240 (v2 + v1 side by side) and 120", rep.OrdersPlaced, rep.EventsWritten, rep.AppliedV2)
 	}
