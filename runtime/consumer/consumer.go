@@ -312,8 +312,10 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer transport.CloseIdleConnections()
 	c.writer = &kafka.Writer{
 		// No Topic: each dead-lettered message names its DLQ topic.
-		Addr:         kafka.TCP(c.cfg.Brokers...),
-		Balancer:     &kafka.Hash{},
+		Addr: kafka.TCP(c.cfg.Brokers...),
+		// Keyed like the relay (murmur2, the Java client's default), so a
+		// key's dead letters land in the partition the relay would pick.
+		Balancer:     kafka.Murmur2Balancer{},
 		RequiredAcks: kafka.RequireAll,
 		BatchTimeout: 5 * time.Millisecond,
 		// No client-side cap below the broker's: the dead-letter copy is

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/protoevents/protoevents/runtime/envelope"
 	"github.com/protoevents/protoevents/runtime/events"
@@ -175,5 +176,37 @@ func TestStuckHandlerTimesOutToTheDLQ(t *testing.T) {
 	b.effectsAtLeast(t, 1, 20*time.Second)
 	if _, err := New(Config{Name: "x", Brokers: []string{"b:1"}, DB: b.pool}, h, WithAttemptTimeout(-time.Second)); err == nil {
 		t.Fatal("a negative attempt timeout was accepted")
+	}
+}
+
+// TestDLQPartitionsLikeTheRelay: a dead letter goes to the DLQ partition
+// murmur2 picks for its key, as the relay does for the original topic, so
+// one key's dead letters stay in order in one partition.
+func TestDLQPartitionsLikeTheRelay(t *testing.T) {
+	t.Parallel()
+	b := setup(t, 4)
+	var msgs []kafka.Message
+	for i := range 8 {
+		msgs = append(msgs, message(t, b.event(t, fmt.Sprint("key-", i), i), nil))
+	}
+	b.produce(t, msgs...)
+	c := b.newConsumer(t, "murmur", b.handler("murmur", func(testEvent, events.Meta) error {
+		return Permanent(errors.New("refused"))
+	}))
+	r := start(t, c)
+	entries := b.dlqEntries(t, 8, 30*time.Second)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	parts := map[int]bool{}
+	for _, e := range entries {
+		want := kafka.Murmur2Balancer{}.Balance(kafka.Message{Key: e.Message.Key}, 0, 1, 2, 3)
+		if e.Partition != want {
+			t.Errorf("dead letter of key %s in DLQ partition %d, want %d (murmur2)", e.Message.Key, e.Partition, want)
+		}
+		parts[e.Partition] = true
+	}
+	if len(parts) < 2 {
+		t.Fatalf("all dead letters in %d partition(s): the keys do not tell balancers apart", len(parts))
 	}
 }
