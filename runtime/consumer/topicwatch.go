@@ -38,7 +38,7 @@ func (c *Consumer) missingTopics(ctx context.Context) (*MissingTopicsError, erro
 	for _, t := range c.topics {
 		names = append(names, t, c.routes[t].dlq)
 	}
-	exist, err := existingTopics(ctx, c.s.dialer, c.cfg.Brokers, names)
+	exist, err := partitionCounts(ctx, c.s.dialer, c.cfg.Brokers, names)
 	if err != nil {
 		return nil, err
 	}
@@ -47,7 +47,7 @@ func (c *Consumer) missingTopics(ctx context.Context) (*MissingTopicsError, erro
 		r := c.routes[t]
 		missing := false
 		for _, n := range []string{t, r.dlq} {
-			if !exist[n] {
+			if _, ok := exist[n]; !ok {
 				e.Topics = append(e.Topics, n)
 				missing = true
 			}
@@ -65,9 +65,10 @@ func (c *Consumer) missingTopics(ctx context.Context) (*MissingTopicsError, erro
 	return &e, nil
 }
 
-// existingTopics asks the cluster (a metadata request, which never creates
-// topics) which of names exist.
-func existingTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string, names []string) (map[string]bool, error) {
+// partitionCounts asks the cluster (a metadata request, which never
+// creates topics) how many partitions each of names has; a missing topic
+// is absent from the map, any other per-topic error fails the request.
+func partitionCounts(ctx context.Context, dialer *kafka.Dialer, brokers []string, names []string) (map[string]int, error) {
 	transport := transportFor(dialer)
 	defer transport.CloseIdleConnections()
 	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: transport, Timeout: 30 * time.Second}
@@ -75,17 +76,17 @@ func existingTopics(ctx context.Context, dialer *kafka.Dialer, brokers []string,
 	if err != nil {
 		return nil, fmt.Errorf("metadata: %w", err)
 	}
-	exist := map[string]bool{}
+	counts := map[string]int{}
 	for _, t := range md.Topics {
 		switch {
 		case t.Error == nil:
-			exist[t.Name] = true
+			counts[t.Name] = len(t.Partitions)
 		case errors.Is(t.Error, kafka.UnknownTopicOrPartition):
 		default:
 			return nil, fmt.Errorf("metadata of %s: %w", t.Name, t.Error)
 		}
 	}
-	return exist, nil
+	return counts, nil
 }
 
 // awaitTopics returns nil once every consumed topic and DLQ exists. Without
@@ -192,24 +193,6 @@ func (c *Consumer) watchAssignments(ctx context.Context) {
 				"topic", topic, "group", c.cfg.GroupID, "for", d.Round(time.Millisecond))
 		}
 	}
-}
-
-// partitionCounts asks the cluster how many partitions each topic has.
-func partitionCounts(ctx context.Context, dialer *kafka.Dialer, brokers []string, topics []string) (map[string]int, error) {
-	transport := transportFor(dialer)
-	defer transport.CloseIdleConnections()
-	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Transport: transport, Timeout: 30 * time.Second}
-	md, err := cl.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
-	if err != nil {
-		return nil, fmt.Errorf("metadata: %w", err)
-	}
-	counts := map[string]int{}
-	for _, t := range md.Topics {
-		if t.Error == nil {
-			counts[t.Name] = len(t.Partitions)
-		}
-	}
-	return counts, nil
 }
 
 // watchPartitions ends the generation gen once a consumed topic's
