@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/protoevents/protoevents/internal/probe"
 )
 
 // Health is a consumer's liveness and readiness, as Consumer.Health and
@@ -142,7 +144,7 @@ func (c *Consumer) Health() Health {
 func (c *Consumer) LiveHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		h := c.Health()
-		serveHealth(w, h, h.Live)
+		probe.Serve(w, h.String(), h.Live)
 	})
 }
 
@@ -151,7 +153,7 @@ func (c *Consumer) LiveHandler() http.Handler {
 func (c *Consumer) ReadyHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		h := c.Health()
-		serveHealth(w, h, h.Ready)
+		probe.Serve(w, h.String(), h.Ready)
 	})
 }
 
@@ -164,12 +166,3 @@ func (s *Service) LiveHandler() http.Handler { return s.c.LiveHandler() }
 
 // ReadyHandler serves the service's readiness (mount at /readyz).
 func (s *Service) ReadyHandler() http.Handler { return s.c.ReadyHandler() }
-
-func serveHealth(w http.ResponseWriter, h Health, ok bool) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-store")
-	if !ok {
-		w.WriteHeader(http.StatusServiceUnavailable)
-	}
-	_, _ = w.Write([]byte(h.String()))
-}

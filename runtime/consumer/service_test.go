@@ -289,10 +289,10 @@ func TestWaitForTopics(t *testing.T) {
 		t.Fatal("ready while its topics are missing")
 	default:
 	}
-	if code, body := probe(t, s.ReadyHandler()); code != http.StatusServiceUnavailable || !strings.Contains(body, "waiting for missing topics") {
+	if code, body := probeHandler(t, s.ReadyHandler()); code != http.StatusServiceUnavailable || !strings.Contains(body, "waiting for missing topics") {
 		t.Fatalf("readiness while topics are missing: %d %q", code, body)
 	}
-	if code, body := probe(t, s.LiveHandler()); code != http.StatusOK {
+	if code, body := probeHandler(t, s.LiveHandler()); code != http.StatusOK {
 		t.Fatalf("liveness while waiting for topics: %d %q", code, body)
 	}
 	cctx, ccancel := context.WithTimeout(ctx, 30*time.Second)
@@ -307,20 +307,20 @@ func TestWaitForTopics(t *testing.T) {
 	}
 	b.effectsAtLeast(t, 1, 30*time.Second)
 	waitFor(t, 30*time.Second, "ready once the topics exist", func() (bool, string) {
-		code, body := probe(t, s.ReadyHandler())
+		code, body := probeHandler(t, s.ReadyHandler())
 		return code == http.StatusOK, body
 	})
 	cancel()
 	if err := <-errc; err != nil {
 		t.Fatal(err)
 	}
-	if code, body := probe(t, s.LiveHandler()); code != http.StatusServiceUnavailable || !strings.Contains(body, "not live") {
+	if code, body := probeHandler(t, s.LiveHandler()); code != http.StatusServiceUnavailable || !strings.Contains(body, "not live") {
 		t.Fatalf("liveness after Run returned: %d %q", code, body)
 	}
 }
 
-// probe calls a health handler and returns its status code and body.
-func probe(t *testing.T, h http.Handler) (int, string) {
+// probeHandler calls a health handler and returns its status code and body.
+func probeHandler(t *testing.T, h http.Handler) (int, string) {
 	t.Helper()
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/protoevents/protoevents/internal/probe"
 )
 
 // Health is a relay's liveness and readiness, as Relay.Health reports it.
@@ -102,7 +104,7 @@ func (r *Relay) Health() Health { return r.health.snapshot(r.cfg) }
 func (r *Relay) LiveHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		h := r.Health()
-		serveHealth(w, h, h.Live)
+		probe.Serve(w, h.String(), h.Live)
 	})
 }
 
@@ -111,17 +113,8 @@ func (r *Relay) LiveHandler() http.Handler {
 func (r *Relay) ReadyHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		h := r.Health()
-		serveHealth(w, h, h.Ready)
+		probe.Serve(w, h.String(), h.Ready)
 	})
-}
-
-func serveHealth(w http.ResponseWriter, h Health, ok bool) {
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-store")
-	if !ok {
-		w.WriteHeader(http.StatusServiceUnavailable)
-	}
-	_, _ = w.Write([]byte(h.String()))
 }
 
 // Names of the dependencies, in logs and health.
