@@ -142,6 +142,33 @@ func claimAndMark(ctx context.Context, o *ours, n int) (float64, error) {
 	return float64(n) / elapsed.Seconds(), nil
 }
 
+// timeDrain starts a relay (or forwarder) on a pre-filled outbox of n
+// events for topic and returns the events/s until it has delivered them
+// all, start-up included; it then checks the records are on the topic.
+// start's counter counts the events delivered; what names the system in
+// errors; timeout bounds the wait.
+func timeDrain(ctx context.Context, brokers []string, topic string, n int, what string, timeout time.Duration,
+	start func(*atomic.Int64) (func() error, error)) (float64, error) {
+	var delivered atomic.Int64
+	began := time.Now()
+	stop, err := start(&delivered)
+	if err != nil {
+		return 0, err
+	}
+	err = waitFor(ctx, timeout, func() bool { return delivered.Load() >= int64(n) })
+	elapsed := time.Since(began)
+	if serr := stop(); err == nil {
+		err = serr
+	}
+	if err != nil {
+		return 0, fmt.Errorf("%s: %d of %d delivered: %w", what, delivered.Load(), n, err)
+	}
+	if got, err := topicRecords(ctx, brokers, topic); err != nil || got < int64(n) {
+		return 0, fmt.Errorf("%s: %d of %d records on the topic (%v)", what, got, n, err)
+	}
+	return float64(n) / elapsed.Seconds(), nil
+}
+
 // e2eResult is one end-to-end run.
 type e2eResult struct {
 	p50, p99 float64 // milliseconds, from the start of the business transaction to a consumer's receipt

@@ -83,24 +83,8 @@ func (o *ours) drain(ctx context.Context, brokers []string, n int) (float64, err
 	if err := o.prefill(ctx, d, n); err != nil {
 		return 0, err
 	}
-	var published atomic.Int64
-	start := time.Now()
-	stop, err := o.startRelay(brokers, &published)
-	if err != nil {
-		return 0, err
-	}
-	err = waitFor(ctx, 2*time.Minute, func() bool { return published.Load() >= int64(n) })
-	elapsed := time.Since(start)
-	if serr := stop(); err == nil {
-		err = serr
-	}
-	if err != nil {
-		return 0, fmt.Errorf("our relay: %d of %d published: %w", published.Load(), n, err)
-	}
-	if got, err := topicRecords(ctx, brokers, topic); err != nil || got < int64(n) {
-		return 0, fmt.Errorf("our relay: %d of %d records on the topic (%v)", got, n, err)
-	}
-	return float64(n) / elapsed.Seconds(), nil
+	return timeDrain(ctx, brokers, topic, n, "our relay", 2*time.Minute,
+		func(published *atomic.Int64) (func() error, error) { return o.startRelay(brokers, published) })
 }
 
 // consume measures our consumer with deduplication over n events already

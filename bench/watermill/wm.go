@@ -176,24 +176,8 @@ func (w *wm) drain(ctx context.Context, brokers []string, n int) (float64, error
 	if err := w.prefill(ctx, topic, n); err != nil {
 		return 0, err
 	}
-	var forwarded atomic.Int64
-	start := time.Now()
-	stop, err := w.startForwarder(brokers, &forwarded)
-	if err != nil {
-		return 0, err
-	}
-	err = waitFor(ctx, 5*time.Minute, func() bool { return forwarded.Load() >= int64(n) })
-	elapsed := time.Since(start)
-	if serr := stop(); err == nil {
-		err = serr
-	}
-	if err != nil {
-		return 0, fmt.Errorf("watermill forwarder: %d of %d forwarded: %w", forwarded.Load(), n, err)
-	}
-	if got, err := topicRecords(ctx, brokers, topic); err != nil || got < int64(n) {
-		return 0, fmt.Errorf("watermill forwarder: %d of %d records on the topic (%v)", got, n, err)
-	}
-	return float64(n) / elapsed.Seconds(), nil
+	return timeDrain(ctx, brokers, topic, n, "watermill forwarder", 5*time.Minute,
+		func(forwarded *atomic.Int64) (func() error, error) { return w.startForwarder(brokers, forwarded) })
 }
 
 // consume measures a Watermill router on the Kafka subscriber with the
