@@ -42,17 +42,8 @@ func TestHelperProcess(t *testing.T) {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	cfg, err := pgxpool.ParseConfig(os.Getenv(envChildDB))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(envChildSchema)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	b := &bundle{pool: pool, kafka: &kafkacluster.Cluster{Brokers: strings.Split(os.Getenv(envChildBrokers), ",")}, d: descriptorFor(os.Getenv(envChildTopic))}
+	b := childBundle(t, ctx)
+	pool := b.pool
 	// Duplicates are recorded outside the transaction, so the parent can
 	// tell that kills did hit between a DB commit and its offset commit.
 	seen := Hooks{Duplicate: func(events.Delivery, string) {
@@ -63,6 +54,24 @@ func TestHelperProcess(t *testing.T) {
 	if err := c.Run(ctx); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// childBundle connects a child process (of TestCrashKill or
+// TestRebalanceStall) to the database schema, brokers and topic its parent
+// passed in the environment; the pool closes with the test.
+func childBundle(t *testing.T, ctx context.Context) *bundle {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(os.Getenv(envChildDB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(envChildSchema)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return &bundle{pool: pool, kafka: &kafkacluster.Cluster{Brokers: strings.Split(os.Getenv(envChildBrokers), ",")}, d: descriptorFor(os.Getenv(envChildTopic))}
 }
 
 // lockedBuffer collects the children's output; os/exec copies into it

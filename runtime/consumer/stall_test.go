@@ -15,10 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
-	"github.com/protoevents/protoevents/internal/kafkacluster"
 	"github.com/protoevents/protoevents/internal/testenv"
 )
 
@@ -69,17 +67,8 @@ func TestStallHelperProcess(t *testing.T) {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	cfg, err := pgxpool.ParseConfig(os.Getenv(envChildDB))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.ConnConfig.RuntimeParams["search_path"] = os.Getenv(envChildSchema)
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
-	b := &bundle{pool: pool, kafka: &kafkacluster.Cluster{Brokers: strings.Split(os.Getenv(envChildBrokers), ",")}, d: descriptorFor(os.Getenv(envChildTopic))}
+	b := childBundle(t, ctx)
+	pool := b.pool
 	opts, err := stallTimeouts(mode)
 	if err != nil {
 		t.Fatal(err)
