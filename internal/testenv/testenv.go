@@ -9,12 +9,14 @@
 package testenv
 
 import (
+	"context"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kfake"
 
 	"github.com/protoevents/protoevents/eventstest/kafkacluster"
+	"github.com/protoevents/protoevents/eventstest/pgcluster"
 	"github.com/protoevents/protoevents/eventstest/servers"
 )
 
@@ -44,3 +46,21 @@ func FakeKafka(t testing.TB, opts ...kfake.Opt) *kafkacluster.Cluster {
 
 // Topic is servers.Topic.
 func Topic(t testing.TB, base string) string { t.Helper(); return servers.Topic(t, base) }
+
+// OwnCluster starts a throwaway Postgres cluster for this test alone, for
+// tests that stop and start the server (Down/Up), and returns it with a
+// pool on it; both end with the test.
+func OwnCluster(t testing.TB, ctx context.Context) (*pgcluster.Cluster, *pgxpool.Pool) {
+	t.Helper()
+	c, err := pgcluster.Start(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Stop() })
+	pool, err := pgxpool.New(ctx, c.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return c, pool
+}

@@ -8,11 +8,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/protoevents/protoevents/eventstest/pgcluster"
 	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/events"
 )
@@ -26,16 +24,7 @@ func TestPostgresOutageBurnsNoAttempts(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	pg, err := pgcluster.Start(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = pg.Stop() })
-	pool, err := pgxpool.New(ctx, pg.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	pg, pool := testenv.OwnCluster(t, ctx)
 	kc := testenv.Kafka(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	b := &bundle{pool: pool, kafka: kc, topic: testenv.Topic(t, "outage")}
 	b.d = descriptorFor(b.topic)

@@ -13,9 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/protoevents/protoevents/eventstest/pgcluster"
 	"github.com/protoevents/protoevents/internal/testenv"
 )
 
@@ -174,16 +171,7 @@ func TestRelayStartedBeforePostgres(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, err := pgcluster.Start(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
-	pool, err := pgxpool.New(ctx, c.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	c, pool := testenv.OwnCluster(t, ctx)
 	if err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}

@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/protoevents/protoevents/eventstest/pgcluster"
+	"github.com/protoevents/protoevents/internal/testenv"
 )
 
 // oldNotifyTrigger is the wake-up trigger of earlier versions, installed by
@@ -35,16 +35,7 @@ func TestOutboxWritersDoNotWaitOnEachOthersCommits(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	c, err := pgcluster.Start(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Stop()
-	pool, err := pgxpool.New(ctx, c.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	_, pool := testenv.OwnCluster(t, ctx)
 	if err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
