@@ -5,7 +5,7 @@
 // line (BenchmarkWatermill/…) plus the ratios, median and range over the
 // rounds. internal/benchreport reads the lines and checks the targets.
 //
-//	go run . [-rounds 3] [-events 10000] [-consume 5000] [-write 1s] [-e2e 3s] [-only drain,write,consume,e2e]
+//	go run . [-rounds 3] [-events 10000] [-workers 4] [-consume 5000] [-write 1s] [-e2e 3s] [-only drain,write,consume,e2e]
 //
 // Postgres is $PROTOEVENTS_TEST_DATABASE_URL or, without it, a throwaway
 // cluster; Kafka is always in-process (kfake). It is its own module so the
@@ -29,6 +29,7 @@ import (
 
 type config struct {
 	rounds, events, consume int
+	workers                 int // the relay's lane workers in the drain
 	write, e2e              time.Duration
 	only                    map[string]bool
 }
@@ -38,6 +39,7 @@ func main() {
 	only := flag.String("only", "drain,write,consume,e2e", "comma-separated measurements to run")
 	flag.IntVar(&c.rounds, "rounds", 3, "interleaved rounds")
 	flag.IntVar(&c.events, "events", 20000, "events per relay drain")
+	flag.IntVar(&c.workers, "workers", 4, "our relay's lane workers in the drain (outbox.WithWorkers)")
 	flag.IntVar(&c.consume, "consume", 5000, "events per consumer run")
 	flag.DurationVar(&c.write, "write", time.Second, "duration of each outbox-write run")
 	flag.DurationVar(&c.e2e, "e2e", 3*time.Second, "duration of each end-to-end run")
@@ -118,7 +120,7 @@ func drainRound(ctx context.Context, e *env, c config, res results, oursFirst bo
 		if err != nil {
 			return err
 		}
-		v, err := o.drain(ctx, e.brokers, c.events)
+		v, err := o.drain(ctx, e.brokers, c.events, c.workers)
 		if err != nil {
 			return err
 		}
@@ -267,7 +269,7 @@ func e2eRound(ctx context.Context, e *env, c config, res results, oursFirst bool
 				func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
 					return o.publish(ctx, tx, d, ord)
 				},
-				func(n *atomic.Int64) (func() error, error) { return o.startRelay(e.brokers, n) })
+				func(n *atomic.Int64) (func() error, error) { return o.startRelay(e.brokers, 1, n) })
 			if err != nil {
 				return fmt.Errorf("ours at %d/s: %w", rate, err)
 			}

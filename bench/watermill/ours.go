@@ -59,10 +59,10 @@ func (o *ours) prefill(ctx context.Context, d *events.Descriptor, n int) error {
 	return nil
 }
 
-// startRelay runs a relay with its defaults; published counts the rows it
-// marked. stop cancels it and waits.
-func (o *ours) startRelay(brokers []string, published *atomic.Int64) (stop func() error, err error) {
-	r, err := outbox.NewRelay(o.s.pool, brokers, outbox.WithLogger(quietLogger()),
+// startRelay runs a relay with its defaults but the given lane workers;
+// published counts the rows it marked. stop cancels it and waits.
+func (o *ours) startRelay(brokers []string, workers int, published *atomic.Int64) (stop func() error, err error) {
+	r, err := outbox.NewRelay(o.s.pool, brokers, outbox.WithLogger(quietLogger()), outbox.WithWorkers(workers),
 		outbox.WithMetrics(outbox.Metrics{Published: func(n int) { published.Add(int64(n)) }}))
 	if err != nil {
 		return nil, err
@@ -73,8 +73,11 @@ func (o *ours) startRelay(brokers []string, published *atomic.Int64) (stop func(
 	return func() error { cancel(); return <-done }, nil
 }
 
-// drain measures how fast the relay empties an outbox of n events.
-func (o *ours) drain(ctx context.Context, brokers []string, n int) (float64, error) {
+// drain measures how fast the relay, with the given lane workers
+// (outbox.WithWorkers; -workers, default 4, as a user draining a backlog
+// from one relay on a small machine would set it), empties an outbox of n
+// events.
+func (o *ours) drain(ctx context.Context, brokers []string, n, workers int) (float64, error) {
 	topic := "ours-drain-" + suffix()
 	if err := createTopics(ctx, brokers, topic); err != nil {
 		return 0, err
@@ -84,7 +87,9 @@ func (o *ours) drain(ctx context.Context, brokers []string, n int) (float64, err
 		return 0, err
 	}
 	return timeDrain(ctx, brokers, topic, n, "our relay", 2*time.Minute,
-		func(published *atomic.Int64) (func() error, error) { return o.startRelay(brokers, published) })
+		func(published *atomic.Int64) (func() error, error) {
+			return o.startRelay(brokers, workers, published)
+		})
 }
 
 // consume measures our consumer with deduplication over n events already

@@ -154,6 +154,7 @@ Postgres and Kafka at start and through outages, never exits on one.`)
 	brokers := brokersFlag(fs, env)
 	table := fs.String("outbox-table", outbox.DefaultTable, `outbox table, "name" or "schema.name"`)
 	batch := fs.Int("batch", 500, "most rows per Kafka produce request (the batch size adapts to the backlog up to this)")
+	workers := fs.Int("workers", 1, "lane workers, each with its own database session and share of the lanes (raises one relay's drain rate)")
 	poll := fs.Duration("poll", 100*time.Millisecond, "longest idle poll interval: the relay polls every 1ms right after work, backing off to this")
 	retention := fs.Duration("retention", 24*time.Hour, "keep published rows this long before deleting them")
 	grace := fs.Duration("shutdown-grace", 5*time.Second, "on SIGINT/SIGTERM, how long the batch in flight may take to be acknowledged and marked")
@@ -171,6 +172,9 @@ Postgres and Kafka at start and through outages, never exits on one.`)
 	}
 	if *batch < 1 || *batch > 10000 {
 		return fmt.Errorf("%w: --batch %d: want 1..10000", errUsage, *batch)
+	}
+	if *workers < 1 || *workers > 64 {
+		return fmt.Errorf("%w: --workers %d: want 1..64", errUsage, *workers)
 	}
 	if *poll <= 0 || *retention <= 0 || *stall <= 0 {
 		return fmt.Errorf("%w: --poll, --retention and --stall-timeout must be positive", errUsage)
@@ -199,7 +203,7 @@ Postgres and Kafka at start and through outages, never exits on one.`)
 		return err
 	}
 	relay, err := outbox.NewRelay(pool, splitList(*brokers),
-		outbox.WithTable(*table), outbox.WithBatchSize(*batch), outbox.WithPollInterval(*poll),
+		outbox.WithTable(*table), outbox.WithBatchSize(*batch), outbox.WithWorkers(*workers), outbox.WithPollInterval(*poll),
 		outbox.WithRetention(*retention), outbox.WithMetrics(metrics.Relay()), outbox.WithLogger(log),
 		outbox.WithShutdownGrace(*grace), outbox.WithStallTimeout(*stall))
 	if err != nil {
@@ -228,7 +232,7 @@ Postgres and Kafka at start and through outages, never exits on one.`)
 		}()
 		log.Info("serving metrics", "addr", ln.Addr().String())
 	}
-	log.Info("relay starting", "outbox", *table, "brokers", *brokers, "batch", *batch)
+	log.Info("relay starting", "outbox", *table, "brokers", *brokers, "batch", *batch, "workers", *workers)
 	return relay.Run(ctx)
 }
 

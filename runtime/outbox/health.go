@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -133,7 +134,8 @@ type healthState struct {
 	beat         time.Time
 	db, kafka    Dependency
 	lanes        int
-	owned        []int
+	owned        []int         // every worker's lanes, sorted
+	byWorker     map[int][]int // each worker's lanes
 	table        *resolvedTable
 	oldest       time.Duration
 	lastProgress time.Time
@@ -145,6 +147,7 @@ func (h *healthState) start() {
 	now := time.Now()
 	h.running, h.beat, h.lastProgress = true, now, now
 	h.db, h.kafka, h.lanes, h.owned, h.table, h.oldest = Dependency{}, Dependency{}, 0, nil, nil, 0
+	h.byWorker = map[int][]int{}
 }
 
 func (h *healthState) stop() {
@@ -166,11 +169,22 @@ func (h *healthState) setTable(t resolvedTable) {
 	h.mu.Unlock()
 }
 
-func (h *healthState) setLanes(owned []int) {
+// setLanes records the lanes one worker owns and returns how many the
+// relay owns in all.
+func (h *healthState) setLanes(worker int, owned []int) int {
 	h.mu.Lock()
-	h.owned = append(h.owned[:0], owned...)
-	h.lanes = len(owned)
-	h.mu.Unlock()
+	defer h.mu.Unlock()
+	if h.byWorker == nil {
+		h.byWorker = map[int][]int{}
+	}
+	h.byWorker[worker] = slices.Clone(owned)
+	h.owned = h.owned[:0]
+	for _, o := range h.byWorker {
+		h.owned = append(h.owned, o...)
+	}
+	slices.Sort(h.owned)
+	h.lanes = len(h.owned)
+	return h.lanes
 }
 
 func (h *healthState) progress() {

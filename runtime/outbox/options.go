@@ -36,6 +36,7 @@ type writerConfig struct {
 type relayConfig struct {
 	table             string
 	batchSize         int
+	workers           int
 	maxBatchBytes     int
 	pollInterval      time.Duration
 	rebalanceInterval time.Duration
@@ -124,6 +125,26 @@ func WithBatchSize(n int) RelayOption {
 			return
 		}
 		c.batchSize = n
+	})
+}
+
+// WithWorkers sets how many lane workers the relay runs (default 1, at
+// most 64). Each worker is a relay of its own inside Run: its own database
+// session, its own share of the lanes (advisory locks, balanced with every
+// other worker of every relay on the table), its own pipelined
+// claim–publish–mark loop, all on one Kafka producer. Per-key order holds
+// as it does across relay instances: a lane has one owner at a time. More
+// workers overlap the database work of several batches, which raises the
+// drain rate of one relay when the database, not Kafka, is the bottleneck;
+// each one costs a connection. Hooks (WithHooks) are called from every
+// worker, concurrently.
+func WithWorkers(n int) RelayOption {
+	return relayFunc(func(c *relayConfig) {
+		if n < 1 || n > 64 {
+			c.fail("workers %d out of range 1..64", n)
+			return
+		}
+		c.workers = n
 	})
 }
 
