@@ -273,3 +273,53 @@ func endToEnd(ctx context.Context, brokers []string, topic string, rate, produce
 	sortDurations(sorted)
 	return e2eResult{p50: percentile(sorted, 0.50), p99: percentile(sorted, 0.99), rate: float64(total) / produced.Seconds()}, nil
 }
+
+// handledClock counts the events a consumer handled and times the first
+// to the last; done closes at the n-th.
+type handledClock struct {
+	n           int64
+	count       atomic.Int64
+	first, last atomic.Int64
+	once        sync.Once
+	done        chan struct{}
+}
+
+func newHandledClock(n int) *handledClock {
+	return &handledClock{n: int64(n), done: make(chan struct{})}
+}
+
+// handled counts one event; handlers call it once the event is applied.
+func (c *handledClock) handled() {
+	now := time.Now().UnixNano()
+	c.first.CompareAndSwap(0, now)
+	if c.count.Add(1) == c.n {
+		c.last.Store(now)
+		c.once.Do(func() { close(c.done) })
+	}
+}
+
+// consumeRate runs a consumer (run, until its ctx ends) until clock has
+// counted every event, then stops it and returns the events/s from the
+// first handled event to the last. A consumer that stops on its own or
+// has not handled them all within 2 minutes is an error; so is an error
+// run returns after the stop. what names the consumer in errors.
+func consumeRate(ctx context.Context, what string, clock *handledClock, run func(context.Context) error) (float64, error) {
+	cctx, cancel := context.WithCancel(ctx)
+	stopped := make(chan error, 1)
+	go func() { stopped <- run(cctx) }()
+	select {
+	case <-clock.done:
+	case err := <-stopped:
+		cancel()
+		return 0, fmt.Errorf("%s stopped: %v", what, err)
+	case <-time.After(2 * time.Minute):
+		cancel()
+		<-stopped
+		return 0, fmt.Errorf("%s: %d of %d handled", what, clock.count.Load(), clock.n)
+	}
+	cancel()
+	if err := <-stopped; err != nil {
+		return 0, err
+	}
+	return float64(clock.n-1) / time.Duration(clock.last.Load()-clock.first.Load()).Seconds(), nil
+}

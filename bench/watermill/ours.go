@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -123,47 +122,18 @@ func (o *ours) consume(ctx context.Context, brokers []string, n int) (float64, e
 	if err := produce(ctx, brokers, recs); err != nil {
 		return 0, err
 	}
-	var (
-		count       atomic.Int64
-		first, last atomic.Int64
-		once        sync.Once
-		done        = make(chan struct{})
-	)
+	clock := newHandledClock(n)
 	h := consumer.Bind(d, func(ctx context.Context, tx pgx.Tx, _ events.Meta, ev orderEvent) error {
 		_, err := tx.Exec(ctx, `INSERT INTO seen (order_id, amount_cents) VALUES ($1, $2)`, ev.OrderId, ev.TotalCents)
 		return err
 	})
 	c, err := consumer.New(consumer.Config{Name: "bench-" + suffix(), Brokers: brokers, DB: o.s.pool}, h,
 		consumer.WithLogger(quietLogger()),
-		consumer.WithHooks(consumer.Hooks{Processed: func(events.Delivery, string, time.Duration) {
-			now := time.Now().UnixNano()
-			first.CompareAndSwap(0, now)
-			if count.Add(1) == int64(n) {
-				last.Store(now)
-				once.Do(func() { close(done) })
-			}
-		}}))
+		consumer.WithHooks(consumer.Hooks{Processed: func(events.Delivery, string, time.Duration) { clock.handled() }}))
 	if err != nil {
 		return 0, err
 	}
-	cctx, cancel := context.WithCancel(ctx)
-	stopped := make(chan error, 1)
-	go func() { stopped <- c.Run(cctx) }()
-	select {
-	case <-done:
-	case err := <-stopped:
-		cancel()
-		return 0, fmt.Errorf("our consumer stopped: %v", err)
-	case <-time.After(2 * time.Minute):
-		cancel()
-		<-stopped
-		return 0, fmt.Errorf("our consumer: %d of %d handled", count.Load(), n)
-	}
-	cancel()
-	if err := <-stopped; err != nil {
-		return 0, err
-	}
-	return float64(n-1) / time.Duration(last.Load()-first.Load()).Seconds(), nil
+	return consumeRate(ctx, "our consumer", clock, c.Run)
 }
 
 func kgoHeaders(hs []kafka.Header) []kgo.RecordHeader {

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -228,12 +227,7 @@ func (w *wm) consume(ctx context.Context, brokers []string, n int) (float64, err
 	if err != nil {
 		return 0, err
 	}
-	var (
-		count       atomic.Int64
-		first, last atomic.Int64
-		once        sync.Once
-		done        = make(chan struct{})
-	)
+	clock := newHandledClock(n)
 	const consumerName = "bench"
 	router.AddConsumerHandler("dedup", topic, sub, func(m *message.Message) error {
 		var o ordersv1.OrderPlaced
@@ -251,28 +245,14 @@ func (w *wm) consume(ctx context.Context, brokers []string, n int) (float64, err
 		if err != nil {
 			return err
 		}
-		now := time.Now().UnixNano()
-		first.CompareAndSwap(0, now)
-		if count.Add(1) == int64(n) {
-			last.Store(now)
-			once.Do(func() { close(done) })
+		clock.handled()
+		return nil
+	})
+	// What the router returns once stopped is not checked (an early stop is).
+	return consumeRate(ctx, "watermill router", clock, func(ctx context.Context) error {
+		if err := router.Run(ctx); ctx.Err() == nil {
+			return err
 		}
 		return nil
 	})
-	rctx, cancel := context.WithCancel(ctx)
-	stopped := make(chan error, 1)
-	go func() { stopped <- router.Run(rctx) }()
-	select {
-	case <-done:
-	case err := <-stopped:
-		cancel()
-		return 0, fmt.Errorf("watermill router stopped: %v", err)
-	case <-time.After(2 * time.Minute):
-		cancel()
-		<-stopped
-		return 0, fmt.Errorf("watermill consumer: %d of %d handled", count.Load(), n)
-	}
-	cancel()
-	<-stopped
-	return float64(n-1) / time.Duration(last.Load()-first.Load()).Seconds(), nil
 }
