@@ -111,57 +111,36 @@ func inOrder(aFirst bool, a, b func() error) error {
 
 func drainRound(ctx context.Context, e *env, c config, res results, oursFirst bool) error {
 	oursRun := func() error {
-		s, err := e.newSchema(ctx, "wmb_ours")
-		if err != nil {
-			return err
-		}
-		defer s.drop()
-		o, err := newOurs(ctx, s)
-		if err != nil {
-			return err
-		}
-		v, err := o.drain(ctx, e.brokers, c.events, c.workers)
-		if err != nil {
-			return err
-		}
-		res.add("drain/ours", "events/s", v)
-		return nil
+		return e.withOurs(ctx, "wmb_ours", func(o *ours) error {
+			v, err := o.drain(ctx, e.brokers, c.events, c.workers)
+			if err != nil {
+				return err
+			}
+			res.add("drain/ours", "events/s", v)
+			return nil
+		})
 	}
 	wmRun := func() error {
-		s, err := e.newSchema(ctx, "wmb_wm")
-		if err != nil {
-			return err
-		}
-		defer s.drop()
-		w, err := newWM(ctx, s)
-		if err != nil {
-			return err
-		}
-		v, err := w.drain(ctx, e.brokers, c.events)
-		if err != nil {
-			return err
-		}
-		res.add("drain/watermill", "events/s", v)
-		return nil
+		return e.withWM(ctx, "wmb_wm", func(w *wm) error {
+			v, err := w.drain(ctx, e.brokers, c.events)
+			if err != nil {
+				return err
+			}
+			res.add("drain/watermill", "events/s", v)
+			return nil
+		})
 	}
 	if err := inOrder(oursFirst, oursRun, wmRun); err != nil {
 		return err
 	}
-	s, err := e.newSchema(ctx, "wmb_db")
-	if err != nil {
-		return err
-	}
-	defer s.drop()
-	o, err := newOurs(ctx, s)
-	if err != nil {
-		return err
-	}
-	v, err := claimAndMark(ctx, o, c.events)
-	if err != nil {
-		return err
-	}
-	res.add("drain/db-claim-mark", "events/s", v)
-	return nil
+	return e.withOurs(ctx, "wmb_db", func(o *ours) error {
+		v, err := claimAndMark(ctx, o, c.events)
+		if err != nil {
+			return err
+		}
+		res.add("drain/db-claim-mark", "events/s", v)
+		return nil
+	})
 }
 
 func writeRound(ctx context.Context, e *env, c config, res results, oursFirst bool) error {
@@ -251,54 +230,40 @@ func e2eRound(ctx context.Context, e *env, c config, res results, oursFirst bool
 			res.add(fmt.Sprintf("e2e-%d/%s", rate, name), "events/s", r.rate)
 		}
 		err := inOrder(oursFirst, func() error {
-			s, err := e.newSchema(ctx, "wmb_e2e_ours")
-			if err != nil {
-				return err
-			}
-			defer s.drop()
-			o, err := newOurs(ctx, s)
-			if err != nil {
-				return err
-			}
-			topic := "e2e-ours-" + suffix()
-			if err := createTopics(ctx, e.brokers, topic); err != nil {
-				return err
-			}
-			d := descriptorFor(topic)
-			r, err := endToEnd(ctx, e.brokers, topic, rate, e2eProducers, c.e2e, s,
-				func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
-					return o.publish(ctx, tx, d, ord)
-				},
-				func(n *atomic.Int64) (func() error, error) { return o.startRelay(e.brokers, 1, n) })
-			if err != nil {
-				return fmt.Errorf("ours at %d/s: %w", rate, err)
-			}
-			record("ours", r)
-			return nil
+			return e.withOurs(ctx, "wmb_e2e_ours", func(o *ours) error {
+				topic := "e2e-ours-" + suffix()
+				if err := createTopics(ctx, e.brokers, topic); err != nil {
+					return err
+				}
+				d := descriptorFor(topic)
+				r, err := endToEnd(ctx, e.brokers, topic, rate, e2eProducers, c.e2e, o.s,
+					func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
+						return o.publish(ctx, tx, d, ord)
+					},
+					func(n *atomic.Int64) (func() error, error) { return o.startRelay(e.brokers, 1, n) })
+				if err != nil {
+					return fmt.Errorf("ours at %d/s: %w", rate, err)
+				}
+				record("ours", r)
+				return nil
+			})
 		}, func() error {
-			s, err := e.newSchema(ctx, "wmb_e2e_wm")
-			if err != nil {
-				return err
-			}
-			defer s.drop()
-			w, err := newWM(ctx, s)
-			if err != nil {
-				return err
-			}
-			topic := "e2e-wm-" + suffix()
-			if err := createTopics(ctx, e.brokers, topic); err != nil {
-				return err
-			}
-			r, err := endToEnd(ctx, e.brokers, topic, rate, e2eProducers, c.e2e, s,
-				func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
-					return w.publish(ctx, tx, topic, ord)
-				},
-				func(n *atomic.Int64) (func() error, error) { return w.startForwarder(e.brokers, n) })
-			if err != nil {
-				return fmt.Errorf("watermill at %d/s: %w", rate, err)
-			}
-			record("watermill", r)
-			return nil
+			return e.withWM(ctx, "wmb_e2e_wm", func(w *wm) error {
+				topic := "e2e-wm-" + suffix()
+				if err := createTopics(ctx, e.brokers, topic); err != nil {
+					return err
+				}
+				r, err := endToEnd(ctx, e.brokers, topic, rate, e2eProducers, c.e2e, w.s,
+					func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
+						return w.publish(ctx, tx, topic, ord)
+					},
+					func(n *atomic.Int64) (func() error, error) { return w.startForwarder(e.brokers, n) })
+				if err != nil {
+					return fmt.Errorf("watermill at %d/s: %w", rate, err)
+				}
+				record("watermill", r)
+				return nil
+			})
 		})
 		if err != nil {
 			return err

@@ -34,6 +34,21 @@ func newOurs(ctx context.Context, s *schema) (*ours, error) {
 	return &ours{s: s, w: w}, nil
 }
 
+// withOurs runs fn on protoevents in a schema of its own (named after
+// prefix), dropped afterwards.
+func (e *env) withOurs(ctx context.Context, prefix string, fn func(*ours) error) error {
+	s, err := e.newSchema(ctx, prefix)
+	if err != nil {
+		return err
+	}
+	defer s.drop()
+	o, err := newOurs(ctx, s)
+	if err != nil {
+		return err
+	}
+	return fn(o)
+}
+
 // publish is the producer's side of a business transaction: the event in
 // the same transaction as the order.
 func (o *ours) publish(ctx context.Context, tx pgx.Tx, d *events.Descriptor, ord *ordersv1.OrderPlaced) error {

@@ -61,6 +61,21 @@ func newWM(ctx context.Context, s *schema) (*wm, error) {
 	return w, nil
 }
 
+// withWM runs fn on Watermill in a schema of its own (named after prefix),
+// dropped afterwards.
+func (e *env) withWM(ctx context.Context, prefix string, fn func(*wm) error) error {
+	s, err := e.newSchema(ctx, prefix)
+	if err != nil {
+		return err
+	}
+	defer s.drop()
+	w, err := newWM(ctx, s)
+	if err != nil {
+		return err
+	}
+	return fn(w)
+}
+
 // message builds the Watermill message of an order: JSON payload, the key
 // in the metadata for the partitioning marshaler.
 func wmMessage(o *ordersv1.OrderPlaced) *message.Message {
