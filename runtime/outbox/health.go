@@ -174,9 +174,6 @@ func (h *healthState) setTable(t resolvedTable) {
 func (h *healthState) setLanes(worker int, owned []int) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.byWorker == nil {
-		h.byWorker = map[int][]int{}
-	}
 	h.byWorker[worker] = slices.Clone(owned)
 	h.owned = h.owned[:0]
 	for _, o := range h.byWorker {

@@ -241,10 +241,11 @@ func (r *Relay) Run(ctx context.Context) error {
 	defer stopLoops()
 	var lwg sync.WaitGroup
 	start := newStartBarrier(len(loops))
+	q := newQueries(rt.qualified())
 	for i := range loops {
 		wake := make(chan struct{}, 1)
 		defer registerWake(rt.schema, rt.name, wake)()
-		l := &loop{r: r, worker: i, t: rt, q: newQueries(rt.qualified()), w: w, wake: wake, grace: graceCtx,
+		l := &loop{r: r, worker: i, t: rt, q: q, w: w, wake: wake, grace: graceCtx,
 			bo: backoff{min: r.cfg.backoffMin, max: r.cfg.backoffMax}, limit: min(minBatch, r.cfg.batchSize), poll: pollMin,
 			start: start}
 		loops[i] = l
@@ -362,8 +363,10 @@ func (r *Relay) connConfig(appName string) *pgx.ConnConfig {
 }
 
 // defaultWorkers is the lane workers a relay runs unless WithWorkers says
-// otherwise: enough to overlap the database work of several batches on a
-// small machine (a drain measured 1.8x one worker's rate on 2 cores).
+// otherwise. One: every worker is a database connection, and with several
+// relay processes of several workers each the sessions can outnumber half
+// the lanes, so that the even split leaves a process without any
+// (docs/design.md, "Lane workers").
 const defaultWorkers = 1
 
 // farFuture is the next run of a periodic task a worker never runs.

@@ -16,7 +16,8 @@ type TableStatus struct {
 	Table string
 	// Lanes is the table's number of key-hash lanes.
 	Lanes int
-	// Relays counts relay sessions connected to the table right now.
+	// Relays counts relay sessions connected to the table right now: one
+	// per relay worker (WithWorkers), so a relay with 4 workers counts 4.
 	Relays int
 	// Pending counts rows not yet published.
 	Pending int64
