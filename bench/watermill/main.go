@@ -17,6 +17,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -25,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	ordersv1 "github.com/protoevents/protoevents/examples/gen/shop/orders/v1"
+	"github.com/protoevents/protoevents/runtime/outbox"
 )
 
 type config struct {
@@ -41,14 +43,27 @@ func main() {
 	flag.IntVar(&c.events, "events", 20000, "events per relay drain")
 	flag.IntVar(&c.workers, "workers", 4, "our relay's lane workers in the drain (outbox.WithWorkers)")
 	flag.IntVar(&c.consume, "consume", 5000, "events per consumer run")
-	flag.DurationVar(&c.write, "write", time.Second, "duration of each outbox-write run")
+	flag.DurationVar(&c.write, "write", 3*time.Second, "time each variant of the outbox write gets per round, in interleaved slices")
 	flag.DurationVar(&c.e2e, "e2e", 3*time.Second, "duration of each end-to-end run")
+	cpuProfile := flag.String("cpuprofile", "", "write the bench process's CPU profile to this file")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "watermill bench: cpu profile:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	c.only = map[string]bool{}
 	for _, s := range strings.Split(*only, ",") {
 		c.only[strings.TrimSpace(s)] = true
 	}
 	if err := run(context.Background(), c); err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "watermill bench:", err)
 		os.Exit(1)
 	}
@@ -159,28 +174,37 @@ func writeRound(ctx context.Context, e *env, c config, res results, oursFirst bo
 	}
 	d := descriptorFor("write-" + suffix())
 	wmTopic := "write-wm-" + suffix()
+	oursPublish := func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
+		return o.publish(ctx, tx, d, ord)
+	}
+	// ours is the recommended path (outbox.BeginFunc: the outbox row
+	// travels with the COMMIT); ours-plain is Write on a plain pgx
+	// transaction, one INSERT round trip of its own, measured too.
 	variants := []struct {
 		name    string
-		publish publishFunc
+		publish producer
 	}{
-		{"bare", nil},
-		{"ours", func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
-			return o.publish(ctx, tx, d, ord)
-		}},
-		{"watermill", func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
+		{"bare", producer{}},
+		{"ours", producer{begin: outbox.BeginFunc, publish: oursPublish}},
+		{"ours-plain", producer{publish: oursPublish}},
+		{"watermill", producer{publish: func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
 			return w.publish(ctx, tx, wmTopic, ord)
-		}},
+		}}},
 	}
 	if !oursFirst {
-		variants[1], variants[2] = variants[2], variants[1]
+		variants[1], variants[2], variants[3] = variants[3], variants[1], variants[2]
+	}
+	ps := make([]producer, len(variants))
+	for i, v := range variants {
+		ps[i] = v.publish
 	}
 	for _, clients := range []int{1, 8} {
-		for _, v := range variants {
-			ns, err := writeCost(ctx, s, clients, c.write, v.publish)
-			if err != nil {
-				return fmt.Errorf("%s, %d clients: %w", v.name, clients, err)
-			}
-			res.add(fmt.Sprintf("write-%d/%s", clients, v.name), "ns/op", ns)
+		ns, err := writeCosts(ctx, s, clients, c.write, ps)
+		if err != nil {
+			return fmt.Errorf("outbox write, %d clients: %w", clients, err)
+		}
+		for i, v := range variants {
+			res.add(fmt.Sprintf("write-%d/%s", clients, v.name), "ns/op", ns[i])
 		}
 	}
 	return nil
@@ -237,9 +261,9 @@ func e2eRound(ctx context.Context, e *env, c config, res results, oursFirst bool
 				}
 				d := descriptorFor(topic)
 				r, err := endToEnd(ctx, e.brokers, topic, rate, e2eProducers, c.e2e, o.s,
-					func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
+					producer{begin: outbox.BeginFunc, publish: func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
 						return o.publish(ctx, tx, d, ord)
-					},
+					}},
 					func(n *atomic.Int64) (func() error, error) { return o.startRelay(e.brokers, 1, n) })
 				if err != nil {
 					return fmt.Errorf("ours at %d/s: %w", rate, err)
@@ -254,9 +278,9 @@ func e2eRound(ctx context.Context, e *env, c config, res results, oursFirst bool
 					return err
 				}
 				r, err := endToEnd(ctx, e.brokers, topic, rate, e2eProducers, c.e2e, w.s,
-					func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
+					producer{publish: func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
 						return w.publish(ctx, tx, topic, ord)
-					},
+					}},
 					func(n *atomic.Int64) (func() error, error) { return w.startForwarder(e.brokers, n) })
 				if err != nil {
 					return fmt.Errorf("watermill at %d/s: %w", rate, err)
@@ -279,8 +303,10 @@ func summary(res results) {
 		{"relay drain, ours / database claim-and-mark", "drain/ours events/s", "drain/db-claim-mark events/s"},
 		{"relay drain, Watermill / database claim-and-mark", "drain/watermill events/s", "drain/db-claim-mark events/s"},
 		{"outbox write, 1 client, ours / bare insert", "write-1/ours ns/op", "write-1/bare ns/op"},
+		{"outbox write, 1 client, ours-plain / bare insert", "write-1/ours-plain ns/op", "write-1/bare ns/op"},
 		{"outbox write, 1 client, Watermill / bare insert", "write-1/watermill ns/op", "write-1/bare ns/op"},
 		{"outbox write, 8 clients, ours / bare insert", "write-8/ours ns/op", "write-8/bare ns/op"},
+		{"outbox write, 8 clients, ours-plain / bare insert", "write-8/ours-plain ns/op", "write-8/bare ns/op"},
 		{"outbox write, 8 clients, Watermill / bare insert", "write-8/watermill ns/op", "write-8/bare ns/op"},
 		{"consumer with dedup, ours / Watermill", "consume/ours events/s", "consume/watermill events/s"},
 	}

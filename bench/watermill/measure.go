@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	ordersv1 "github.com/protoevents/protoevents/examples/gen/shop/orders/v1"
@@ -18,32 +19,83 @@ import (
 // publishFunc adds one system's event to the business transaction.
 type publishFunc func(ctx context.Context, tx pgx.Tx, o *ordersv1.OrderPlaced) error
 
+// beginFunc runs fn in one transaction on pool, committing if it returns
+// nil: pgx.BeginFunc, or outbox.BeginFunc (whose outbox rows travel with
+// the COMMIT).
+type beginFunc func(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error
+
+// pgxBegin is pgx.BeginFunc as a beginFunc: the plain pgx transaction.
+func pgxBegin(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, pool, fn)
+}
+
+// producer is one system's side of a business transaction: how it opens
+// the transaction and what it adds to it.
+type producer struct {
+	begin   beginFunc   // nil: pgxBegin
+	publish publishFunc // nil: the business insert alone
+}
+
 // businessTx is one business transaction: the order row and, unless
-// publish is nil, its event.
-func businessTx(ctx context.Context, s *schema, n int, publish publishFunc) error {
-	return pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+// p.publish is nil, its event.
+func businessTx(ctx context.Context, s *schema, n int, p producer) error {
+	begin := p.begin
+	if begin == nil {
+		begin = pgxBegin
+	}
+	return begin(ctx, s.pool, func(tx pgx.Tx) error {
 		o := order(n)
 		if err := insertOrder(ctx, tx, o); err != nil {
 			return err
 		}
-		if publish == nil {
+		if p.publish == nil {
 			return nil
 		}
-		return publish(ctx, tx, o)
+		return p.publish(ctx, tx, o)
 	})
 }
 
-// writeCost runs business transactions from clients goroutines for dur and
-// returns the wall time per transaction in ns (at 8 clients, the inverse
-// of throughput).
-func writeCost(ctx context.Context, s *schema, clients int, dur time.Duration, publish publishFunc) (float64, error) {
-	var seq atomic.Int64
+// writeSlices is how many turns each variant gets in a write measurement:
+// the variants take turns in a rotating order, so drift in the machine's
+// speed (this VM's fsync latency swings 2× within a minute) falls on all
+// of them alike instead of on whichever ran during a slow stretch.
+const writeSlices = 6
+
+// writeCosts runs business transactions from clients goroutines with each
+// producer in turn, dur in all per producer, and returns the wall time per
+// transaction in ns for each (at 8 clients, the inverse of throughput).
+func writeCosts(ctx context.Context, s *schema, clients int, dur time.Duration, ps []producer) ([]float64, error) {
+	var seq atomic.Int64 // shared: order numbers never repeat
 	// Warm up the connections and the statement caches.
-	for i := range 2 * clients {
-		if err := businessTx(ctx, s, -1-i-int(seq.Add(1)), publish); err != nil {
-			return 0, err
+	for _, p := range ps {
+		for range 2 * clients {
+			if err := businessTx(ctx, s, -int(seq.Add(1)), p); err != nil {
+				return nil, err
+			}
 		}
 	}
+	done, spent := make([]int64, len(ps)), make([]time.Duration, len(ps))
+	for k := range writeSlices {
+		for j := range ps {
+			i := (j + k) % len(ps)
+			n, elapsed, err := writeRun(ctx, s, clients, dur/writeSlices, ps[i], &seq)
+			if err != nil {
+				return nil, err
+			}
+			done[i] += n
+			spent[i] += elapsed
+		}
+	}
+	ns := make([]float64, len(ps))
+	for i := range ps {
+		ns[i] = float64(spent[i].Nanoseconds()) / float64(done[i])
+	}
+	return ns, nil
+}
+
+// writeRun runs business transactions from clients goroutines for dur and
+// returns how many it completed and the time it took.
+func writeRun(ctx context.Context, s *schema, clients int, dur time.Duration, p producer, seq *atomic.Int64) (int64, time.Duration, error) {
 	var (
 		done  atomic.Int64
 		wg    sync.WaitGroup
@@ -57,7 +109,7 @@ func writeCost(ctx context.Context, s *schema, clients int, dur time.Duration, p
 		go func() {
 			defer wg.Done()
 			for time.Now().Before(deadline) {
-				if err := businessTx(ctx, s, int(seq.Add(1)), publish); err != nil {
+				if err := businessTx(ctx, s, int(seq.Add(1)), p); err != nil {
 					mu.Lock()
 					first = err
 					mu.Unlock()
@@ -68,11 +120,7 @@ func writeCost(ctx context.Context, s *schema, clients int, dur time.Duration, p
 		}()
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
-	if first != nil {
-		return 0, first
-	}
-	return float64(elapsed.Nanoseconds()) / float64(done.Load()), nil
+	return done.Load(), time.Since(start), first
 }
 
 // claimWorkers is how many connections claimAndMark uses: the relay works
@@ -180,7 +228,7 @@ type e2eResult struct {
 // (rate in total, catching up without sleeping when behind), the relay (or
 // forwarder) runs, and a plain Kafka consumer stamps each arrival.
 func endToEnd(ctx context.Context, brokers []string, topic string, rate, producers int, dur time.Duration, s *schema,
-	publish publishFunc, startRelay func(*atomic.Int64) (func() error, error)) (e2eResult, error) {
+	publish producer, startRelay func(*atomic.Int64) (func() error, error)) (e2eResult, error) {
 	const warm = 20
 	total := int(float64(rate) * dur.Seconds())
 	sent := make([]atomic.Int64, warm+total)

@@ -14,3 +14,6 @@ CREATE INDEX ON slim (id) WHERE published_at IS NULL; CREATE INDEX ON slim (publ
 CREATE TABLE two (id bigserial PRIMARY KEY, event_id text NOT NULL, event_type text NOT NULL, topic text NOT NULL, key bytea NOT NULL,
   lane integer NOT NULL, value bytea NOT NULL, headers bytea NOT NULL, created_at timestamptz NOT NULL DEFAULT now(), published_at timestamptz, attempts integer NOT NULL DEFAULT 0, last_error text);
 CREATE INDEX ON two (id) WHERE published_at IS NULL;
+CREATE TABLE uslim (id bigserial PRIMARY KEY, event_id text NOT NULL UNIQUE, event_type text NOT NULL, topic text NOT NULL, key bytea NOT NULL,
+  lane integer NOT NULL, value bytea NOT NULL, headers bytea NOT NULL, created_at timestamptz NOT NULL DEFAULT now(), published_at timestamptz, attempts integer NOT NULL DEFAULT 0, last_error text);
+CREATE INDEX ON uslim (id) WHERE published_at IS NULL; CREATE INDEX ON uslim (published_at) WHERE published_at IS NOT NULL;

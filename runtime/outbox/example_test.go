@@ -43,6 +43,35 @@ func ExampleWriter_Write() {
 	}
 }
 
+// BeginFunc replaces pgx.BeginFunc where a transaction writes events: the
+// outbox rows are sent with the COMMIT, so the events cost the business
+// transaction no round trip of their own.
+func ExampleBeginFunc() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	w, err := outbox.NewWriter(outbox.WithProducer("orders-service"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	var placed events.Event // a generated event message, e.g. &ordersv1.OrderPlaced{...}
+	err = outbox.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO orders (id, customer) VALUES ($1, $2)`, "o-1", "c-7"); err != nil {
+			return err
+		}
+		// Queued in tx: inserted and committed by BeginFunc's Commit, in
+		// one flight with the COMMIT.
+		_, err := w.Write(ctx, tx, placed)
+		return err
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+}
+
 // Any number of relay processes may run against one outbox; they share its
 // lanes and keep every key's events in order.
 func ExampleRelay_Run() {

@@ -51,6 +51,16 @@ WHERE locktype = 'advisory' AND granted AND objsubid = 2
 	sqlTryLanes    = `SELECT l FROM unnest($2::int[]) AS l WHERE pg_try_advisory_lock($1, l) LIMIT $3`
 	sqlUnlockAll   = `SELECT pg_advisory_unlock_all()`
 	sqlUnlockLanes = `SELECT bool_and(pg_advisory_unlock($1, l)) FROM unnest($2::int[]) AS l`
+
+	// PipelineTx's own statements; savepoint names (sp_1, sp_2, …) are
+	// generated, never taken from the caller.
+	sqlCommit              = `COMMIT`
+	sqlRollback            = `ROLLBACK`
+	sqlSavepoint           = `SAVEPOINT `
+	sqlReleaseSavepoint    = `RELEASE SAVEPOINT `
+	sqlRollbackToSavepoint = `ROLLBACK TO SAVEPOINT `
+	// sqlNoop ends a flush that only sends the queued rows.
+	sqlNoop = `SELECT 1`
 )
 
 // queries are the statements on one outbox table.

@@ -141,6 +141,29 @@ type row struct {
 	headers          string
 }
 
+// rowArrays are the columns of several rows, the parameters of insertBatch.
+type rowArrays struct {
+	eids, types, topics, hdrs []string
+	keys, values              [][]byte
+}
+
+func newRowArrays(n int) *rowArrays {
+	return &rowArrays{
+		eids: make([]string, 0, n), types: make([]string, 0, n), topics: make([]string, 0, n), hdrs: make([]string, 0, n),
+		keys: make([][]byte, 0, n), values: make([][]byte, 0, n),
+	}
+}
+
+func (a *rowArrays) add(r row) {
+	a.eids, a.types, a.topics = append(a.eids, r.id.String()), append(a.types, r.eventType), append(a.topics, r.topic)
+	a.keys, a.values, a.hdrs = append(a.keys, r.key), append(a.values, r.value), append(a.hdrs, r.headers)
+}
+
+// args are insertBatch's parameters, in order.
+func (a *rowArrays) args() []any {
+	return []any{a.eids, a.types, a.topics, a.keys, a.values, a.hdrs}
+}
+
 func (w *Writer) encode(ev events.Event, po events.PublishOptions) (row, error) {
 	if ev == nil {
 		return row{}, fmt.Errorf("outbox: write: nil event")
@@ -187,9 +210,26 @@ func (w *Writer) Write(ctx context.Context, tx Tx, ev events.Event, opts ...even
 	if err := checkTx(tx); err != nil {
 		return events.EventID{}, err
 	}
-	r, err := w.encode(ev, publishOptions(ctx, opts))
+	po := publishOptions(ctx, opts)
+	r, err := w.encode(ev, po)
 	if err != nil {
 		return events.EventID{}, err
+	}
+	if q, ok := tx.(rowQueue); ok {
+		p, err := q.pipeline()
+		if err != nil {
+			return events.EventID{}, fmt.Errorf("outbox: write %s: %w", r.eventType, err)
+		}
+		p.enqueue(w, r)
+		if po.EventID == (events.EventID{}) {
+			return r.id, nil
+		}
+		// A fixed ID is inserted at once (after the rows queued before it,
+		// in the same flight), so a duplicate is refused here.
+		if _, err := p.flush(ctx, sqlNoop); err != nil {
+			return events.EventID{}, fmt.Errorf("outbox: write %s %s: %w", r.eventType, r.id, err)
+		}
+		return r.id, nil
 	}
 	if _, err := tx.Exec(ctx, w.q.insert, r.id.String(), r.eventType, r.topic, r.key, r.value, r.headers); err != nil {
 		return events.EventID{}, fmt.Errorf("outbox: insert %s %s into %s: %w", r.eventType, r.id, w.table, missingTable(err))
@@ -216,19 +256,33 @@ func (w *Writer) WriteBatch(ctx context.Context, tx Tx, evs []events.Event, opts
 		return nil, fmt.Errorf("outbox: write batch: a fixed event ID cannot be shared by %d events", len(evs))
 	}
 	ids := make([]events.EventID, len(evs))
-	var (
-		eids, types, topics, hdrs = make([]string, len(evs)), make([]string, len(evs)), make([]string, len(evs)), make([]string, len(evs))
-		keys, values              = make([][]byte, len(evs)), make([][]byte, len(evs))
-	)
+	rows := make([]row, len(evs))
 	for i, ev := range evs {
 		r, err := w.encode(ev, po)
 		if err != nil {
 			return nil, fmt.Errorf("outbox: write batch: event %d: %w", i, err)
 		}
-		ids[i] = r.id
-		eids[i], types[i], topics[i], keys[i], values[i], hdrs[i] = r.id.String(), r.eventType, r.topic, r.key, r.value, r.headers
+		ids[i], rows[i] = r.id, r
 	}
-	if _, err := tx.Exec(ctx, w.q.insertBatch, eids, types, topics, keys, values, hdrs); err != nil {
+	if q, ok := tx.(rowQueue); ok {
+		p, err := q.pipeline()
+		if err != nil {
+			return nil, fmt.Errorf("outbox: write batch: %w", err)
+		}
+		p.enqueue(w, rows...)
+		if po.EventID == (events.EventID{}) {
+			return ids, nil
+		}
+		if _, err := p.flush(ctx, sqlNoop); err != nil {
+			return nil, fmt.Errorf("outbox: write batch: %w", err)
+		}
+		return ids, nil
+	}
+	a := newRowArrays(len(rows))
+	for _, r := range rows {
+		a.add(r)
+	}
+	if _, err := tx.Exec(ctx, w.q.insertBatch, a.args()...); err != nil {
 		return nil, fmt.Errorf("outbox: insert %d events into %s: %w", len(evs), w.table, missingTable(err))
 	}
 	wakeTable(w.table)
@@ -249,22 +303,66 @@ func publishOptions(ctx context.Context, opts []events.PublishOption) events.Pub
 // readable in psql, ordered, duplicates kept. Envelope headers are text;
 // anything else is refused rather than mangled.
 func encodeHeaders(hs []kafka.Header) (string, error) {
-	pairs := make([][2]string, len(hs))
-	for i, h := range hs {
+	n := 2
+	for _, h := range hs {
 		if !utf8.ValidString(h.Key) || !utf8.Valid(h.Value) {
 			return "", fmt.Errorf("header %q is not valid UTF-8", h.Key)
 		}
-		pairs[i] = [2]string{h.Key, string(h.Value)}
+		n += len(h.Key) + len(h.Value) + 8
 	}
-	b, err := json.Marshal(pairs)
-	if err != nil {
-		return "", fmt.Errorf("encode headers: %w", err)
+	b := make([]byte, 0, n)
+	b = append(b, '[')
+	for i, h := range hs {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, '[')
+		b = appendJSONString(b, h.Key)
+		b = append(b, ',')
+		b = appendJSONString(b, string(h.Value))
+		b = append(b, ']')
 	}
-	return string(b), nil
+	return string(append(b, ']')), nil
 }
 
-// decodeHeaders is the inverse of encodeHeaders.
+// appendJSONString appends s, valid UTF-8, as a JSON string: quotes,
+// backslashes and control characters escaped, everything else as is.
+func appendJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		b = append(b, s[start:i]...)
+		switch c {
+		case '"', '\\':
+			b = append(b, '\\', c)
+		case '\n':
+			b = append(b, '\\', 'n')
+		case '\r':
+			b = append(b, '\\', 'r')
+		case '\t':
+			b = append(b, '\\', 't')
+		default:
+			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
+		}
+		start = i + 1
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}
+
+// decodeHeaders is the inverse of encodeHeaders. The relay calls it for
+// every row it sends, so the common case — pairs of strings without
+// escapes, as Postgres prints a jsonb value — is parsed by hand; anything
+// else goes through encoding/json.
 func decodeHeaders(s string) ([]kafka.Header, error) {
+	if hs, ok := scanHeaders(s); ok {
+		return hs, nil
+	}
 	var pairs [][2]string
 	if err := json.Unmarshal([]byte(s), &pairs); err != nil {
 		return nil, fmt.Errorf("decode headers: %w", err)
@@ -274,4 +372,85 @@ func decodeHeaders(s string) ([]kafka.Header, error) {
 		hs[i] = kafka.Header{Key: p[0], Value: []byte(p[1])}
 	}
 	return hs, nil
+}
+
+// scanHeaders parses `[["k", "v"], ...]` whose strings hold no escapes
+// (ok false for anything else, which decodeHeaders hands to
+// encoding/json).
+func scanHeaders(s string) (hs []kafka.Header, ok bool) {
+	p := headerScanner{s: s}
+	if !p.eat('[') {
+		return nil, false
+	}
+	if p.eat(']') {
+		return []kafka.Header{}, p.end()
+	}
+	hs = make([]kafka.Header, 0, 8)
+	for {
+		if !p.eat('[') {
+			return nil, false
+		}
+		k, ok1 := p.str()
+		if !ok1 || !p.eat(',') {
+			return nil, false
+		}
+		v, ok2 := p.str()
+		if !ok2 || !p.eat(']') {
+			return nil, false
+		}
+		hs = append(hs, kafka.Header{Key: k, Value: []byte(v)})
+		if p.eat(']') {
+			return hs, p.end()
+		}
+		if !p.eat(',') {
+			return nil, false
+		}
+	}
+}
+
+// headerScanner walks a headers JSON text for scanHeaders.
+type headerScanner struct {
+	s string
+	i int
+}
+
+func (p *headerScanner) space() {
+	for p.i < len(p.s) && (p.s[p.i] == ' ' || p.s[p.i] == '\n' || p.s[p.i] == '\t' || p.s[p.i] == '\r') {
+		p.i++
+	}
+}
+
+// eat skips white space and then c, reporting whether c was there.
+func (p *headerScanner) eat(c byte) bool {
+	p.space()
+	if p.i < len(p.s) && p.s[p.i] == c {
+		p.i++
+		return true
+	}
+	return false
+}
+
+// str reads a string without escapes or control characters.
+func (p *headerScanner) str() (string, bool) {
+	if !p.eat('"') {
+		return "", false
+	}
+	start := p.i
+	for p.i < len(p.s) {
+		switch c := p.s[p.i]; {
+		case c == '"':
+			p.i++
+			return p.s[start : p.i-1], true
+		case c == '\\' || c < 0x20:
+			return "", false
+		}
+		p.i++
+	}
+	return "", false
+}
+
+// end reports whether only white space is left.
+func (p *headerScanner) end() bool {
+	p.space()
+	return p.i == len(p.s)
 }

@@ -1,0 +1,463 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// PipelineTx is a pgx transaction that sends its outbox rows together with
+// its COMMIT, in one pipeline: an event costs the business transaction no
+// round trip of its own. Write and WriteBatch (and so the generated
+// producers) recognise it and queue the encoded rows instead of inserting
+// them at once; Commit sends the queued INSERTs and the COMMIT in one
+// network flight, so a row is written and committed atomically with the
+// business change exactly as with any other transaction.
+//
+// Everything else is a plain pgx.Tx: run the business statements on it,
+// hand it to code that takes a pgx.Tx, open savepoints with Begin. What
+// differs, all documented on the methods:
+//
+//   - the outbox rows are inserted at Commit, so a query on the outbox
+//     table inside the transaction does not see them, and their ids (the
+//     publish order) are taken at Commit, in the order they were written;
+//   - a write with a fixed event ID (events.WithEventID) is inserted at
+//     once, with the rows queued before it, so a duplicate ID is refused
+//     by Write, as on any transaction;
+//   - rolling back a savepoint drops the rows queued since it was opened.
+//
+// A PipelineTx is not safe for concurrent use, like a pgx.Tx. Begin it
+// with Begin (a pool) or BeginConn (a connection), or run a function in
+// one with BeginFunc.
+type PipelineTx struct {
+	conn    *pgx.Conn
+	tx      pgx.Tx // the BEGIN pgx sent; used for LargeObjects and Rollback
+	release func() // returns a pool connection; nil for BeginConn
+	commit  string // the COMMIT statement (pgx.TxOptions.CommitQuery)
+	queue   []queuedRow
+	nextSP  int64
+	closed  bool
+}
+
+// queuedRow is one encoded event waiting for Commit, with its table.
+type queuedRow struct {
+	w *Writer
+	r row
+}
+
+// rowQueue is what Write looks for in a transaction: a PipelineTx or one of
+// its savepoints. Only this package implements it.
+type rowQueue interface {
+	pipeline() (*PipelineTx, error)
+}
+
+// Begin acquires a connection from pool and begins a PipelineTx on it with
+// the given options (as pgx's BeginTx); Commit or Rollback returns the
+// connection to the pool.
+func Begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions) (*PipelineTx, error) {
+	if pool == nil {
+		return nil, errors.New("outbox: begin: nil pool")
+	}
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: begin: acquire a connection: %w", err)
+	}
+	t, err := begin(ctx, c.Conn(), opts)
+	if err != nil {
+		c.Release()
+		return nil, err
+	}
+	t.release = c.Release
+	return t, nil
+}
+
+// BeginConn begins a PipelineTx on conn with the given options (as pgx's
+// BeginTx). The connection is the caller's: it is not closed at the end.
+func BeginConn(ctx context.Context, conn *pgx.Conn, opts pgx.TxOptions) (*PipelineTx, error) {
+	if conn == nil {
+		return nil, errors.New("outbox: begin: nil connection")
+	}
+	return begin(ctx, conn, opts)
+}
+
+func begin(ctx context.Context, conn *pgx.Conn, opts pgx.TxOptions) (*PipelineTx, error) {
+	commit := opts.CommitQuery
+	if commit == "" {
+		commit = sqlCommit
+	}
+	tx, err := conn.BeginTx(ctx, opts)
+	if err != nil {
+		return nil, fmt.Errorf("outbox: begin: %w", err)
+	}
+	return &PipelineTx{conn: conn, tx: tx, commit: commit}, nil
+}
+
+// BeginFunc runs fn in a PipelineTx on a connection from pool: it commits
+// if fn returns nil and rolls back otherwise, like pgx.BeginFunc, which it
+// replaces where the transaction writes events.
+func BeginFunc(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) error {
+	t, err := Begin(ctx, pool, pgx.TxOptions{})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = t.Rollback(ctx) }() // after Commit: ErrTxClosed, ignored
+	if err := fn(t); err != nil {
+		return err
+	}
+	return t.Commit(ctx)
+}
+
+func (t *PipelineTx) pipeline() (*PipelineTx, error) {
+	if t.closed {
+		return nil, pgx.ErrTxClosed
+	}
+	return t, nil
+}
+
+// enqueue adds rows written by w; they are inserted at the next flush.
+func (t *PipelineTx) enqueue(w *Writer, rows ...row) {
+	for _, r := range rows {
+		t.queue = append(t.queue, queuedRow{w: w, r: r})
+	}
+}
+
+// Queued is the number of outbox rows waiting for Commit.
+func (t *PipelineTx) Queued() int { return len(t.queue) }
+
+// queueBatch adds the INSERTs of the queued rows to b, one statement per
+// run of rows bound for the same table, in the order they were written.
+func (t *PipelineTx) queueBatch(b *pgx.Batch) {
+	for i := 0; i < len(t.queue); {
+		j := i + 1
+		for j < len(t.queue) && t.queue[j].w.table == t.queue[i].w.table {
+			j++
+		}
+		run, w := t.queue[i:j], t.queue[i].w
+		if len(run) == 1 {
+			r := run[0].r
+			b.Queue(w.q.insert, r.id.String(), r.eventType, r.topic, r.key, r.value, r.headers)
+		} else {
+			a := newRowArrays(len(run))
+			for _, q := range run {
+				a.add(q.r)
+			}
+			b.Queue(w.q.insertBatch, a.args()...)
+		}
+		i = j
+	}
+}
+
+// flush sends the queued rows and then stmt (with args) in one pipeline
+// and empties the queue. An error leaves the transaction aborted.
+func (t *PipelineTx) flush(ctx context.Context, stmt string, args ...any) (pgconn.CommandTag, error) {
+	b := &pgx.Batch{}
+	t.queueBatch(b)
+	inserts := b.Len()
+	b.Queue(stmt, args...)
+	queued := t.queue
+	t.queue = nil
+	br := t.conn.SendBatch(ctx, b)
+	for i := range inserts {
+		if _, err := br.Exec(); err != nil {
+			_ = br.Close()
+			return pgconn.CommandTag{}, t.insertError(queued, i, err)
+		}
+	}
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
+}
+
+// insertError names the table of the failed INSERT number i.
+func (t *PipelineTx) insertError(queued []queuedRow, i int, err error) error {
+	n := 0
+	for k := 0; k < len(queued); {
+		j := k + 1
+		for j < len(queued) && queued[j].w.table == queued[k].w.table {
+			j++
+		}
+		if n == i {
+			return fmt.Errorf("outbox: insert %d queued events into %s: %w", j-k, queued[k].w.table, missingTable(err))
+		}
+		n++
+		k = j
+	}
+	return fmt.Errorf("outbox: insert queued events: %w", err)
+}
+
+// Commit sends the queued outbox rows and the COMMIT in one pipeline and
+// returns the connection to its pool. As with pgx, a transaction that had
+// already failed is rolled back and reported with pgx.ErrTxCommitRollback,
+// and a closed one with pgx.ErrTxClosed.
+func (t *PipelineTx) Commit(ctx context.Context) error {
+	if t.closed {
+		return pgx.ErrTxClosed
+	}
+	t.closed = true
+	defer t.end(ctx)
+	if len(t.queue) == 0 || t.conn.PgConn().TxStatus() == 'E' {
+		// Nothing to send along, or nothing can be inserted any more:
+		// pgx's own Commit reports a failed transaction as it should.
+		t.queue = nil
+		return t.tx.Commit(ctx)
+	}
+	tables := t.tables()
+	tag, err := t.flush(ctx, t.commit)
+	if err != nil {
+		return fmt.Errorf("outbox: commit: %w", err)
+	}
+	if tag.String() == "ROLLBACK" {
+		return pgx.ErrTxCommitRollback
+	}
+	for _, tb := range tables {
+		wakeTable(tb)
+	}
+	return nil
+}
+
+// tables lists the tables of the queued rows, once each.
+func (t *PipelineTx) tables() []tableName {
+	var out []tableName
+	for _, q := range t.queue {
+		if len(out) == 0 || out[len(out)-1] != q.w.table {
+			out = append(out, q.w.table)
+		}
+	}
+	return out
+}
+
+// end leaves the connection outside any transaction (rolling back, or
+// closing it if that fails) and returns it to its pool.
+func (t *PipelineTx) end(ctx context.Context) {
+	if pc := t.conn.PgConn(); !pc.IsClosed() && pc.TxStatus() != 'I' {
+		if _, err := t.conn.Exec(ctx, sqlRollback); err != nil {
+			_ = t.conn.Close(ctx)
+		}
+	}
+	if t.release != nil {
+		t.release()
+		t.release = nil
+	}
+}
+
+// Rollback drops the queued rows, rolls the transaction back and returns
+// the connection to its pool. After Commit it returns pgx.ErrTxClosed, so
+// `defer tx.Rollback(ctx)` is safe.
+func (t *PipelineTx) Rollback(ctx context.Context) error {
+	if t.closed {
+		return pgx.ErrTxClosed
+	}
+	t.closed = true
+	t.queue = nil
+	defer t.end(ctx)
+	return t.tx.Rollback(ctx)
+}
+
+// Begin opens a savepoint (a pseudo-nested transaction, as pgx's). The rows
+// queued so far are sent with the SAVEPOINT statement, so that rolling the
+// savepoint back drops exactly the rows written after it.
+func (t *PipelineTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	if t.closed {
+		return nil, pgx.ErrTxClosed
+	}
+	t.nextSP++
+	name := "sp_" + strconv.FormatInt(t.nextSP, 10)
+	if _, err := t.flush(ctx, sqlSavepoint+name); err != nil {
+		return nil, fmt.Errorf("outbox: savepoint: %w", err)
+	}
+	return &pipelineSavepoint{root: t, name: name}, nil
+}
+
+// Exec runs sql in the transaction.
+func (t *PipelineTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if t.closed {
+		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	}
+	return t.conn.Exec(ctx, sql, args...)
+}
+
+// Query runs sql in the transaction.
+func (t *PipelineTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if t.closed {
+		return closedRows{}, pgx.ErrTxClosed
+	}
+	return t.conn.Query(ctx, sql, args...)
+}
+
+// QueryRow runs sql in the transaction.
+func (t *PipelineTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if t.closed {
+		return closedRows{}
+	}
+	return t.conn.QueryRow(ctx, sql, args...)
+}
+
+// SendBatch sends b in the transaction (the queued outbox rows stay queued).
+func (t *PipelineTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if t.closed {
+		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
+	}
+	return t.tx.SendBatch(ctx, b)
+}
+
+// CopyFrom copies rows into a table in the transaction.
+func (t *PipelineTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if t.closed {
+		return 0, pgx.ErrTxClosed
+	}
+	return t.conn.CopyFrom(ctx, table, columns, src)
+}
+
+// Prepare prepares a statement on the transaction's connection.
+func (t *PipelineTx) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if t.closed {
+		return nil, pgx.ErrTxClosed
+	}
+	return t.conn.Prepare(ctx, name, sql)
+}
+
+// LargeObjects gives access to large objects in the transaction.
+func (t *PipelineTx) LargeObjects() pgx.LargeObjects { return t.tx.LargeObjects() }
+
+// Conn is the connection the transaction runs on.
+func (t *PipelineTx) Conn() *pgx.Conn { return t.conn }
+
+// pipelineSavepoint is a savepoint of a PipelineTx: a pgx.Tx whose rows go
+// to the same queue.
+type pipelineSavepoint struct {
+	root   *PipelineTx
+	name   string
+	closed bool
+}
+
+func (s *pipelineSavepoint) pipeline() (*PipelineTx, error) {
+	if s.closed {
+		return nil, pgx.ErrTxClosed
+	}
+	return s.root.pipeline()
+}
+
+// Begin opens a savepoint inside this one.
+func (s *pipelineSavepoint) Begin(ctx context.Context) (pgx.Tx, error) {
+	if s.closed {
+		return nil, pgx.ErrTxClosed
+	}
+	return s.root.Begin(ctx)
+}
+
+// Commit releases the savepoint; its queued rows stay queued.
+func (s *pipelineSavepoint) Commit(ctx context.Context) error {
+	if s.closed || s.root.closed {
+		return pgx.ErrTxClosed
+	}
+	s.closed = true
+	if _, err := s.root.conn.Exec(ctx, sqlReleaseSavepoint+s.name); err != nil {
+		return fmt.Errorf("outbox: release savepoint: %w", err)
+	}
+	return nil
+}
+
+// Rollback rolls back to the savepoint and drops the rows queued since it
+// was opened: the queue holds only those, since opening a savepoint sends
+// the rows queued before it.
+func (s *pipelineSavepoint) Rollback(ctx context.Context) error {
+	if s.closed || s.root.closed {
+		return pgx.ErrTxClosed
+	}
+	s.closed = true
+	s.root.queue = nil
+	if _, err := s.root.conn.Exec(ctx, sqlRollbackToSavepoint+s.name); err != nil {
+		return fmt.Errorf("outbox: roll back to savepoint: %w", err)
+	}
+	return nil
+}
+
+func (s *pipelineSavepoint) open() error {
+	if s.closed || s.root.closed {
+		return pgx.ErrTxClosed
+	}
+	return nil
+}
+
+// Exec runs sql in the transaction.
+func (s *pipelineSavepoint) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	if err := s.open(); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	return s.root.Exec(ctx, sql, args...)
+}
+
+// Query runs sql in the transaction.
+func (s *pipelineSavepoint) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	if err := s.open(); err != nil {
+		return closedRows{}, err
+	}
+	return s.root.Query(ctx, sql, args...)
+}
+
+// QueryRow runs sql in the transaction.
+func (s *pipelineSavepoint) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	if err := s.open(); err != nil {
+		return closedRows{}
+	}
+	return s.root.QueryRow(ctx, sql, args...)
+}
+
+// SendBatch sends b in the transaction.
+func (s *pipelineSavepoint) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
+	if err := s.open(); err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
+	return s.root.SendBatch(ctx, b)
+}
+
+// CopyFrom copies rows into a table in the transaction.
+func (s *pipelineSavepoint) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := s.open(); err != nil {
+		return 0, err
+	}
+	return s.root.CopyFrom(ctx, table, columns, src)
+}
+
+// Prepare prepares a statement on the transaction's connection.
+func (s *pipelineSavepoint) Prepare(ctx context.Context, name, sql string) (*pgconn.StatementDescription, error) {
+	if err := s.open(); err != nil {
+		return nil, err
+	}
+	return s.root.Prepare(ctx, name, sql)
+}
+
+// LargeObjects gives access to large objects in the transaction.
+func (s *pipelineSavepoint) LargeObjects() pgx.LargeObjects { return s.root.LargeObjects() }
+
+// Conn is the connection the transaction runs on.
+func (s *pipelineSavepoint) Conn() *pgx.Conn { return s.root.conn }
+
+// closedRows is the result of a query on a closed transaction. The
+// embedded interface is nil: it only keeps closedRows a pgx.Rows should
+// pgx add methods.
+type closedRows struct{ pgx.Rows }
+
+func (closedRows) Close()                                       {}
+func (closedRows) Err() error                                   { return pgx.ErrTxClosed }
+func (closedRows) CommandTag() pgconn.CommandTag                { return pgconn.CommandTag{} }
+func (closedRows) FieldDescriptions() []pgconn.FieldDescription { return nil }
+func (closedRows) Next() bool                                   { return false }
+func (closedRows) Scan(...any) error                            { return pgx.ErrTxClosed }
+func (closedRows) Values() ([]any, error)                       { return nil, pgx.ErrTxClosed }
+func (closedRows) RawValues() [][]byte                          { return nil }
+func (closedRows) Conn() *pgx.Conn                              { return nil }
+func (closedRows) TypeMap() *pgtype.Map                         { return nil }
+
+var (
+	_ pgx.Tx = (*PipelineTx)(nil)
+	_ pgx.Tx = (*pipelineSavepoint)(nil)
+)
