@@ -77,9 +77,11 @@ BenchmarkWatermill/drain/watermill 1 10000.000 events/s
 BenchmarkWatermill/drain/db-claim-mark 1 40000.000 events/s
 BenchmarkWatermill/write-1/bare 1 200000.000 ns/op
 BenchmarkWatermill/write-1/ours 1 220000.000 ns/op
+BenchmarkWatermill/write-1/ours-plain 1 300000.000 ns/op
 BenchmarkWatermill/write-1/watermill 1 260000.000 ns/op
 BenchmarkWatermill/write-8/bare 1 50000.000 ns/op
 BenchmarkWatermill/write-8/ours 1 60000.000 ns/op
+BenchmarkWatermill/write-8/ours-plain 1 80000.000 ns/op
 BenchmarkWatermill/write-8/watermill 1 70000.000 ns/op
 BenchmarkWatermill/consume/ours 1 9000.000 events/s
 BenchmarkWatermill/consume/watermill 1 8000.000 events/s
