@@ -7,6 +7,8 @@ repeatedly. Every name below is already a quoted identifier or literal.
   .Schema         its schema
   .PendingIndex   partial index on pending rows (the relay's scan)
   .PublishedIndex partial index on published rows (the cleanup's scan)
+  .FixedIDIndex   partial unique index on the event IDs the producer fixed
+  .TableLiteral   .Table as a string literal (for regclass inside DO blocks)
   .Trigger        the NOTIFY trigger of earlier versions, dropped here
   .Lanes          number of key-hash lanes (fixed when the table is created)
   .Comment        table comment as a string literal; records the lane count
@@ -15,7 +17,7 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     -- id is the publish order: the relay sends each lane's rows in id order.
     id           bigserial   PRIMARY KEY,
     -- event_id is the envelope's ULID, what consumers deduplicate on.
-    event_id     text        NOT NULL UNIQUE,
+    event_id     text        NOT NULL,
     event_type   text        NOT NULL,
     topic        text        NOT NULL,
     key          bytea       NOT NULL,
@@ -29,8 +31,15 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     created_at   timestamptz NOT NULL DEFAULT now(),
     published_at timestamptz,
     attempts     integer     NOT NULL DEFAULT 0,
-    last_error   text
+    last_error   text,
+    -- fixed_event_id marks an event ID the producer chose
+    -- (events.WithEventID) rather than a fresh ULID; only those are
+    -- checked for duplicates (see the index below).
+    fixed_event_id boolean   NOT NULL DEFAULT false
 );
+
+-- Tables of earlier versions: the column is added without a rewrite.
+ALTER TABLE {{.Table}} ADD COLUMN IF NOT EXISTS fixed_event_id boolean NOT NULL DEFAULT false;
 
 COMMENT ON TABLE {{.Table}} IS {{.Comment}};
 
@@ -40,6 +49,30 @@ CREATE INDEX IF NOT EXISTS {{.PendingIndex}} ON {{.Table}} (id) WHERE published_
 
 -- The cleanup's scan: published rows by age.
 CREATE INDEX IF NOT EXISTS {{.PublishedIndex}} ON {{.Table}} (published_at) WHERE published_at IS NOT NULL;
+
+-- A producer that fixes an event ID (to publish idempotently) is refused a
+-- duplicate by this index. Fresh ULIDs (80 random bits per millisecond)
+-- do not collide and are not indexed: a unique index on every row cost the
+-- write path and every relay mark an index entry (docs/design.md, "Unique
+-- event IDs: only the fixed ones are indexed"). Consumers deduplicate on
+-- event_id whatever the outbox does.
+CREATE UNIQUE INDEX IF NOT EXISTS {{.FixedIDIndex}} ON {{.Table}} (event_id) WHERE fixed_event_id;
+
+-- Earlier versions made every event_id unique; drop that constraint,
+-- whatever Postgres named it.
+DO $$
+DECLARE
+    c name;
+BEGIN
+    FOR c IN
+        SELECT con.conname FROM pg_constraint con
+        JOIN pg_attribute a ON a.attrelid = con.conrelid AND a.attname = 'event_id'
+        WHERE con.conrelid = {{.TableLiteral}}::regclass AND con.contype = 'u' AND con.conkey = ARRAY[a.attnum]
+    LOOP
+        EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', {{.TableLiteral}}, c);
+    END LOOP;
+END
+$$;
 
 -- Earlier versions woke the relays with a statement-level NOTIFY trigger.
 -- NOTIFY makes every committing writer take the database-wide notify-queue

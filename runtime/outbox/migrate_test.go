@@ -7,7 +7,12 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/runtime/envelope"
+	"github.com/protoevents/protoevents/runtime/events"
 )
 
 func TestParseTable(t *testing.T) {
@@ -82,7 +87,7 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE schemaname = $1 AND tablename = 'outbox'`, schema).Scan(&indexes); err != nil {
 		t.Fatal(err)
 	}
-	if indexes != 4 { // pkey, event_id unique, pending, published
+	if indexes != 4 { // pkey, fixed event IDs (unique, partial), pending, published
 		t.Fatalf("%d indexes on outbox, want 4", indexes)
 	}
 	if err := Migrate(ctx, pool, WithLanes(8)); err == nil || !strings.Contains(err.Error(), "16 lanes") {
@@ -176,5 +181,78 @@ func TestMigrateRefusesForeignTable(t *testing.T) {
 	}
 	if err := Migrate(ctx, pool, WithLanes(0)); err == nil {
 		t.Fatal("zero lanes accepted")
+	}
+}
+
+// previousOutbox is the outbox table as versions before the partial
+// unique index created it: every event_id unique.
+const previousOutbox = `CREATE TABLE outbox (
+    id bigserial PRIMARY KEY,
+    event_id text NOT NULL UNIQUE,
+    event_type text NOT NULL,
+    topic text NOT NULL,
+    key bytea NOT NULL,
+    lane integer NOT NULL GENERATED ALWAYS AS ((hashtext(encode(key, 'hex')) & 2147483647) % 16) STORED,
+    value bytea NOT NULL,
+    headers jsonb NOT NULL DEFAULT '[]',
+    created_at timestamptz NOT NULL DEFAULT now(),
+    published_at timestamptz,
+    attempts integer NOT NULL DEFAULT 0,
+    last_error text);
+COMMENT ON TABLE outbox IS '{"protoevents":"outbox","version":1,"lanes":16}';
+INSERT INTO outbox (event_id, event_type, topic, key, value) VALUES ('01JOLDROW0000000000000000', 't', 'x', 'k', 'v');`
+
+// TestMigrateUpgradesUniqueEventID: Migrate turns an earlier version's
+// unique event_id into the partial index on fixed IDs, keeping its rows;
+// afterwards a fixed ID is still refused twice, and fresh IDs are not
+// indexed at all.
+func TestMigrateUpgradesUniqueEventID(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testenv.DB(t)
+	if _, err := pool.Exec(ctx, previousOutbox); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := Migrate(ctx, pool); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var uniques, rows, fixedIdx int
+	if err := pool.QueryRow(ctx, `SELECT
+		(SELECT count(*) FROM pg_constraint WHERE conrelid = 'outbox'::regclass AND contype = 'u'),
+		(SELECT count(*) FROM outbox WHERE NOT fixed_event_id),
+		(SELECT count(*) FROM pg_indexes WHERE tablename = 'outbox' AND schemaname = current_schema()
+			AND indexdef LIKE 'CREATE UNIQUE INDEX%(event_id) WHERE fixed_event_id')`).Scan(&uniques, &rows, &fixedIdx); err != nil {
+		t.Fatal(err)
+	}
+	if uniques != 0 || rows != 1 || fixedIdx != 1 {
+		t.Fatalf("after the upgrade: %d unique constraints (want 0), %d old rows (want 1), %d fixed-ID indexes (want 1)", uniques, rows, fixedIdx)
+	}
+	w, err := NewWriter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := descriptorFor("upgraded")
+	id := envelope.NewEventID()
+	write := func(opts ...events.PublishOption) error {
+		return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := w.Write(ctx, tx, newEvent(d, "a", 0), opts...)
+			return err
+		})
+	}
+	if err := write(events.WithEventID(id)); err != nil {
+		t.Fatal(err)
+	}
+	var pgErr *pgconn.PgError
+	if err := write(events.WithEventID(id)); !errors.As(err, &pgErr) || pgErr.Code != "23505" {
+		t.Fatalf("second write of a fixed ID: %v, want a unique violation", err)
+	}
+	if err := write(); err != nil {
+		t.Fatal(err)
+	}
+	var fixed int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE fixed_event_id`).Scan(&fixed); err != nil || fixed != 1 {
+		t.Fatalf("%d rows marked fixed (%v), want 1", fixed, err)
 	}
 }

@@ -131,26 +131,32 @@ func (t *PipelineTx) enqueue(w *Writer, rows ...row) {
 func (t *PipelineTx) Queued() int { return len(t.queue) }
 
 // queueBatch adds the INSERTs of the queued rows to b, one statement per
-// run of rows bound for the same table, in the order they were written.
+// run of rows bound for the same table (a row with a fixed ID on its own),
+// in the order they were written.
 func (t *PipelineTx) queueBatch(b *pgx.Batch) {
+	for _, run := range t.runs() {
+		rows := make([]row, len(run))
+		for i, q := range run {
+			rows[i] = q.r
+		}
+		q, args := run[0].w.insertRun(rows)
+		b.Queue(q, args...)
+	}
+}
+
+// runs splits the queue into the runs queueBatch inserts with one
+// statement each.
+func (t *PipelineTx) runs() [][]queuedRow {
+	var out [][]queuedRow
 	for i := 0; i < len(t.queue); {
 		j := i + 1
-		for j < len(t.queue) && t.queue[j].w.table == t.queue[i].w.table {
+		for j < len(t.queue) && !t.queue[i].r.fixed && !t.queue[j].r.fixed && t.queue[j].w.table == t.queue[i].w.table {
 			j++
 		}
-		run, w := t.queue[i:j], t.queue[i].w
-		if len(run) == 1 {
-			r := run[0].r
-			b.Queue(w.q.insert, r.id.String(), r.eventType, r.topic, r.key, r.value, r.headers)
-		} else {
-			a := newRowArrays(len(run))
-			for _, q := range run {
-				a.add(q.r)
-			}
-			b.Queue(w.q.insertBatch, a.args()...)
-		}
+		out = append(out, t.queue[i:j])
 		i = j
 	}
+	return out
 }
 
 // flush sends the queued rows and then stmt (with args) in one pipeline
@@ -158,15 +164,14 @@ func (t *PipelineTx) queueBatch(b *pgx.Batch) {
 func (t *PipelineTx) flush(ctx context.Context, stmt string, args ...any) (pgconn.CommandTag, error) {
 	b := &pgx.Batch{}
 	t.queueBatch(b)
-	inserts := b.Len()
+	runs := t.runs()
 	b.Queue(stmt, args...)
-	queued := t.queue
 	t.queue = nil
 	br := t.conn.SendBatch(ctx, b)
-	for i := range inserts {
+	for _, run := range runs {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
-			return pgconn.CommandTag{}, t.insertError(queued, i, err)
+			return pgconn.CommandTag{}, fmt.Errorf("outbox: insert %d queued events into %s: %w", len(run), run[0].w.table, missingTable(err))
 		}
 	}
 	tag, err := br.Exec()
@@ -174,23 +179,6 @@ func (t *PipelineTx) flush(ctx context.Context, stmt string, args ...any) (pgcon
 		err = cerr
 	}
 	return tag, err
-}
-
-// insertError names the table of the failed INSERT number i.
-func (t *PipelineTx) insertError(queued []queuedRow, i int, err error) error {
-	n := 0
-	for k := 0; k < len(queued); {
-		j := k + 1
-		for j < len(queued) && queued[j].w.table == queued[k].w.table {
-			j++
-		}
-		if n == i {
-			return fmt.Errorf("outbox: insert %d queued events into %s: %w", j-k, queued[k].w.table, missingTable(err))
-		}
-		n++
-		k = j
-	}
-	return fmt.Errorf("outbox: insert queued events: %w", err)
 }
 
 // Commit sends the queued outbox rows and the COMMIT in one pipeline and

@@ -66,6 +66,7 @@ WHERE locktype = 'advisory' AND granted AND objsubid = 2
 // queries are the statements on one outbox table.
 type queries struct {
 	insert        string
+	insertFixed   string
 	insertBatch   string
 	claim         string
 	claimUnparked string
@@ -82,6 +83,10 @@ func newQueries(table string) queries {
 	return queries{
 		insert: fmt.Sprintf(`INSERT INTO %s (event_id, event_type, topic, key, value, headers)
 VALUES ($1, $2, $3, $4, $5, $6::jsonb)`, table),
+		// insertFixed writes an event whose ID the producer fixed: the
+		// partial unique index refuses a duplicate of it.
+		insertFixed: fmt.Sprintf(`INSERT INTO %s (event_id, event_type, topic, key, value, headers, fixed_event_id)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, true)`, table),
 		// One statement, one round trip for any number of events; WITH
 		// ORDINALITY keeps ids in the caller's order.
 		insertBatch: fmt.Sprintf(`INSERT INTO %s (event_id, event_type, topic, key, value, headers)
@@ -129,15 +134,17 @@ FROM %s WHERE published_at IS NULL`, table),
 
 // schemaData fills templates/outbox.sql.
 type schemaData struct {
-	Table, Schema                         string
-	PendingIndex, PublishedIndex, Trigger string
-	Comment                               string
-	Lanes                                 int
+	Table, Schema, TableLiteral                         string
+	PendingIndex, PublishedIndex, FixedIDIndex, Trigger string
+	Comment                                             string
+	Lanes                                               int
 }
 
 func renderSchema(schema, name string, lanes int) (string, error) {
 	return templates.Render("outbox.sql", schemaData{
 		Table:          pgx.Identifier{schema, name}.Sanitize(),
+		TableLiteral:   quoteLiteral(pgx.Identifier{schema, name}.Sanitize()),
+		FixedIDIndex:   pgx.Identifier{derivedName(name, "_fixed_event_id_idx")}.Sanitize(),
 		Schema:         pgx.Identifier{schema}.Sanitize(),
 		PendingIndex:   pgx.Identifier{derivedName(name, "_pending_idx")}.Sanitize(),
 		PublishedIndex: pgx.Identifier{derivedName(name, "_published_idx")}.Sanitize(),

@@ -139,6 +139,31 @@ type row struct {
 	eventType, topic string
 	key, value       []byte
 	headers          string
+	fixed            bool // the producer chose the ID (events.WithEventID)
+}
+
+// insertOne is the statement and arguments that insert r alone: a fixed ID
+// goes through insertFixed, which the partial unique index checks.
+func (w *Writer) insertOne(r row) (string, []any) {
+	q := w.q.insert
+	if r.fixed {
+		q = w.q.insertFixed
+	}
+	return q, []any{r.id.String(), r.eventType, r.topic, r.key, r.value, r.headers}
+}
+
+// insertRun is the statement and arguments that insert rows, all of one
+// kind (fixed IDs or not): one row alone, or many through insertBatch (a
+// fixed ID is never shared by more than one row).
+func (w *Writer) insertRun(rows []row) (string, []any) {
+	if len(rows) == 1 || rows[0].fixed {
+		return w.insertOne(rows[0])
+	}
+	a := newRowArrays(len(rows))
+	for _, r := range rows {
+		a.add(r)
+	}
+	return w.q.insertBatch, a.args()
 }
 
 // rowArrays are the columns of several rows, the parameters of insertBatch.
@@ -199,7 +224,7 @@ func (w *Writer) encode(ev events.Event, po events.PublishOptions) (row, error) 
 	if size > w.maxBytes {
 		return row{}, &EventTooLargeError{Type: d.Type, Topic: d.Topic, EventID: env.EventID, Size: size, Limit: w.maxBytes}
 	}
-	return row{id: env.EventID, eventType: env.Type, topic: d.Topic, key: key, value: value, headers: h}, nil
+	return row{id: env.EventID, eventType: env.Type, topic: d.Topic, key: key, value: value, headers: h, fixed: po.EventID != (events.EventID{})}, nil
 }
 
 // Write inserts one event into the outbox within tx (a pgx.Tx, or a
@@ -231,7 +256,8 @@ func (w *Writer) Write(ctx context.Context, tx Tx, ev events.Event, opts ...even
 		}
 		return r.id, nil
 	}
-	if _, err := tx.Exec(ctx, w.q.insert, r.id.String(), r.eventType, r.topic, r.key, r.value, r.headers); err != nil {
+	q, args := w.insertOne(r)
+	if _, err := tx.Exec(ctx, q, args...); err != nil {
 		return events.EventID{}, fmt.Errorf("outbox: insert %s %s into %s: %w", r.eventType, r.id, w.table, missingTable(err))
 	}
 	// Relays of this process poll quickly from now on and find the row
@@ -278,11 +304,8 @@ func (w *Writer) WriteBatch(ctx context.Context, tx Tx, evs []events.Event, opts
 		}
 		return ids, nil
 	}
-	a := newRowArrays(len(rows))
-	for _, r := range rows {
-		a.add(r)
-	}
-	if _, err := tx.Exec(ctx, w.q.insertBatch, a.args()...); err != nil {
+	q, args := w.insertRun(rows)
+	if _, err := tx.Exec(ctx, q, args...); err != nil {
 		return nil, fmt.Errorf("outbox: insert %d events into %s: %w", len(evs), w.table, missingTable(err))
 	}
 	wakeTable(w.table)
