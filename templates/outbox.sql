@@ -5,7 +5,8 @@ repeatedly. Every name below is already a quoted identifier or literal.
 
   .Table          schema-qualified table, e.g. "public"."outbox"
   .Schema         its schema
-  .PendingIndex   partial index on pending rows (the relay's scan)
+  .PendingIndex   partial index on pending rows by lane (the relay's scan)
+  .OldPendingIndex the pending index of earlier versions (id only), dropped
   .PublishedIndex partial index on published rows (the cleanup's scan)
   .FixedIDIndex   partial unique index on the event IDs the producer fixed
   .TableLiteral   .Table as a string literal (for regclass inside DO blocks)
@@ -43,9 +44,17 @@ ALTER TABLE {{.Table}} ADD COLUMN IF NOT EXISTS fixed_event_id boolean NOT NULL 
 
 COMMENT ON TABLE {{.Table}} IS {{.Comment}};
 
--- The relay's scan: pending rows in id order. Partial, so it stays small
--- however many published rows are kept for the retention period.
-CREATE INDEX IF NOT EXISTS {{.PendingIndex}} ON {{.Table}} (id) WHERE published_at IS NULL;
+-- The relay's scan: each lane's pending rows in id order, so a claim reads
+-- the heads of its own lanes and stops, whatever the planner's statistics
+-- say about the backlog. Partial, so it stays small however many published
+-- rows are kept for the retention period.
+CREATE INDEX IF NOT EXISTS {{.PendingIndex}} ON {{.Table}} (lane, id) WHERE published_at IS NULL;
+
+-- Earlier versions indexed pending rows by id alone: a claim filtered the
+-- other lanes' rows out of the heap, and with stale statistics (a backlog
+-- that grew since the last ANALYZE) the planner read and sorted every
+-- pending row for each batch.
+DROP INDEX IF EXISTS {{.Schema}}.{{.OldPendingIndex}};
 
 -- The cleanup's scan: published rows by age.
 CREATE INDEX IF NOT EXISTS {{.PublishedIndex}} ON {{.Table}} (published_at) WHERE published_at IS NOT NULL;

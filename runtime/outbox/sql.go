@@ -94,29 +94,39 @@ SELECT e, t, tp, k, v, h::jsonb
 FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bytea[], $6::text[]) WITH ORDINALITY AS r(e, t, tp, k, v, h, n)
 ORDER BY n`, table),
 		// The head of the relay's lanes, in id order, without the rows of
-		// the batch in flight ($3). Always from the head: a row that became
-		// visible late (its transaction committed after a later row was
-		// claimed) or a key whose parking ended is taken before the later
-		// rows of its key. No row locks: lanes are owned by one relay
-		// (advisory locks), so nothing else claims these rows, and the claim
-		// runs outside a transaction so that the next batch can be claimed
-		// while the previous one is being published.
-		claim: fmt.Sprintf(`SELECT id, event_id, event_type, topic, key, lane, value, headers::text, attempts
-FROM %s WHERE published_at IS NULL AND lane = ANY($1::int[]) AND id NOT IN (SELECT unnest($3::bigint[]))
-ORDER BY id LIMIT $2`, table),
+		// the batch in flight ($3): the first $2 pending rows of each lane
+		// (the pending index on (lane, id) gives them in order and stops),
+		// merged. Always from the head: a row that became visible late (its
+		// transaction committed after a later row was claimed) or a key
+		// whose parking ended is taken before the later rows of its key. No
+		// row locks: lanes are owned by one relay (advisory locks), so
+		// nothing else claims these rows, and the claim runs outside a
+		// transaction so that the next batch can be claimed while the
+		// previous one is being published.
+		claim: fmt.Sprintf(`SELECT o.id, o.event_id, o.event_type, o.topic, o.key, o.lane, o.value, o.headers::text, o.attempts
+FROM unnest($1::int[]) AS l(lane) CROSS JOIN LATERAL (
+  SELECT * FROM %s
+  WHERE published_at IS NULL AND lane = l.lane AND id NOT IN (SELECT unnest($3::bigint[]))
+  ORDER BY id LIMIT $2) o
+ORDER BY o.id LIMIT $2`, table),
 		// claimUnparked is claim without the rows of parked keys ($4 topics,
 		// $5 keys) and of parked topics ($6): all of a parked key's or
 		// topic's rows wait, so its order holds. The arrays must not be NULL.
-		claimUnparked: fmt.Sprintf(`SELECT id, event_id, event_type, topic, key, lane, value, headers::text, attempts
-FROM %s o WHERE published_at IS NULL AND lane = ANY($1::int[]) AND id NOT IN (SELECT unnest($3::bigint[]))
-  AND topic <> ALL($6::text[])
-  AND NOT EXISTS (SELECT 1 FROM unnest($4::text[], $5::bytea[]) AS p(topic, key) WHERE p.topic = o.topic AND p.key = o.key)
-ORDER BY id LIMIT $2`, table),
+		claimUnparked: fmt.Sprintf(`SELECT o.id, o.event_id, o.event_type, o.topic, o.key, o.lane, o.value, o.headers::text, o.attempts
+FROM unnest($1::int[]) AS l(lane) CROSS JOIN LATERAL (
+  SELECT * FROM %s r
+  WHERE published_at IS NULL AND lane = l.lane AND id NOT IN (SELECT unnest($3::bigint[]))
+    AND topic <> ALL($6::text[])
+    AND NOT EXISTS (SELECT 1 FROM unnest($4::text[], $5::bytea[]) AS p(topic, key) WHERE p.topic = r.topic AND p.key = r.key)
+  ORDER BY id LIMIT $2) o
+ORDER BY o.id LIMIT $2`, table),
 		// oldestOwned is the age in seconds of the first pending row of the
-		// relay's lanes (0 if none), for readiness: the pending index
-		// finds it without counting the backlog.
-		oldestOwned: fmt.Sprintf(`SELECT COALESCE((SELECT EXTRACT(EPOCH FROM now() - created_at)::float8
-FROM %s WHERE published_at IS NULL AND lane = ANY($1::int[]) ORDER BY id LIMIT 1), 0)`, table),
+		// relay's lanes (0 if none), for readiness: the heads of its lanes,
+		// without counting the backlog.
+		oldestOwned: fmt.Sprintf(`SELECT COALESCE((SELECT EXTRACT(EPOCH FROM now() - o.created_at)::float8
+FROM unnest($1::int[]) AS l(lane) CROSS JOIN LATERAL (
+  SELECT id, created_at FROM %s WHERE published_at IS NULL AND lane = l.lane ORDER BY id LIMIT 1) o
+ORDER BY o.id LIMIT 1), 0)`, table),
 		markPublished: fmt.Sprintf(`UPDATE %s SET published_at = now(), attempts = attempts + 1, last_error = NULL
 WHERE id = ANY($1::bigint[]) AND published_at IS NULL`, table),
 		markFailed: fmt.Sprintf(`UPDATE %s SET attempts = attempts + 1, last_error = $2
@@ -134,22 +144,23 @@ FROM %s WHERE published_at IS NULL`, table),
 
 // schemaData fills templates/outbox.sql.
 type schemaData struct {
-	Table, Schema, TableLiteral                         string
-	PendingIndex, PublishedIndex, FixedIDIndex, Trigger string
-	Comment                                             string
-	Lanes                                               int
+	Table, Schema, TableLiteral                                          string
+	PendingIndex, OldPendingIndex, PublishedIndex, FixedIDIndex, Trigger string
+	Comment                                                              string
+	Lanes                                                                int
 }
 
 func renderSchema(schema, name string, lanes int) (string, error) {
 	return templates.Render("outbox.sql", schemaData{
-		Table:          pgx.Identifier{schema, name}.Sanitize(),
-		TableLiteral:   quoteLiteral(pgx.Identifier{schema, name}.Sanitize()),
-		FixedIDIndex:   pgx.Identifier{derivedName(name, "_fixed_event_id_idx")}.Sanitize(),
-		Schema:         pgx.Identifier{schema}.Sanitize(),
-		PendingIndex:   pgx.Identifier{derivedName(name, "_pending_idx")}.Sanitize(),
-		PublishedIndex: pgx.Identifier{derivedName(name, "_published_idx")}.Sanitize(),
-		Trigger:        pgx.Identifier{derivedName(name, "_notify")}.Sanitize(),
-		Comment:        quoteLiteral(encodeComment(lanes)),
-		Lanes:          lanes,
+		Table:           pgx.Identifier{schema, name}.Sanitize(),
+		TableLiteral:    quoteLiteral(pgx.Identifier{schema, name}.Sanitize()),
+		FixedIDIndex:    pgx.Identifier{derivedName(name, "_fixed_event_id_idx")}.Sanitize(),
+		Schema:          pgx.Identifier{schema}.Sanitize(),
+		PendingIndex:    pgx.Identifier{derivedName(name, "_pending_lane_idx")}.Sanitize(),
+		OldPendingIndex: pgx.Identifier{derivedName(name, "_pending_idx")}.Sanitize(),
+		PublishedIndex:  pgx.Identifier{derivedName(name, "_published_idx")}.Sanitize(),
+		Trigger:         pgx.Identifier{derivedName(name, "_notify")}.Sanitize(),
+		Comment:         quoteLiteral(encodeComment(lanes)),
+		Lanes:           lanes,
 	})
 }

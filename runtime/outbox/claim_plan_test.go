@@ -1,0 +1,100 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/runtime/events"
+)
+
+// planNode is the part of EXPLAIN (ANALYZE, FORMAT JSON) the test reads.
+type planNode struct {
+	NodeType     string     `json:"Node Type"`
+	RelationName string     `json:"Relation Name"`
+	ActualRows   float64    `json:"Actual Rows"`
+	ActualLoops  float64    `json:"Actual Loops"`
+	Plans        []planNode `json:"Plans"`
+}
+
+// rowsFrom sums the rows every scan node on table produced.
+func (p planNode) rowsFrom(table string) float64 {
+	n := 0.0
+	if p.RelationName == table {
+		n += p.ActualRows * p.ActualLoops
+	}
+	for _, c := range p.Plans {
+		n += c.rowsFrom(table)
+	}
+	return n
+}
+
+// TestClaimReadsLaneHeadsNotBacklog: a claim reads at most its batch
+// size from each of its lanes, however large the backlog and however
+// stale the planner's statistics (a backlog that grew since the last
+// ANALYZE, the case of a relay catching up after an outage). Earlier
+// versions filtered the other lanes' rows from an id-ordered scan, and the
+// planner read and sorted the whole backlog for each batch.
+func TestClaimReadsLaneHeadsNotBacklog(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testenv.DB(t)
+	if err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	// Statistics stay as they were when the table was empty.
+	if _, err := pool.Exec(ctx, `ANALYZE outbox; ALTER TABLE outbox SET (autovacuum_enabled = false)`); err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWriter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := descriptorFor("backlog")
+	const backlog, limit = 8000, 100
+	for i := 0; i < backlog; i += 1000 {
+		evs := make([]events.Event, 1000)
+		for j := range evs {
+			evs[j] = newEvent(d, fmt.Sprintf("key-%03d", (i+j)%200), i+j)
+		}
+		if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := w.WriteBatch(ctx, tx, evs)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	q := newQueries(`"outbox"`)
+	lanes := []int32{0, 1, 2, 3}
+	for _, c := range []struct {
+		name string
+		sql  string
+		args []any
+	}{
+		{"claim", q.claim, []any{lanes, limit, []int64{}}},
+		{"claim with parked keys", q.claimUnparked, []any{lanes, limit, []int64{}, []string{"backlog"}, [][]byte{[]byte("key-007")}, []string{}}},
+	} {
+		var out []byte
+		if err := pool.QueryRow(ctx, `EXPLAIN (ANALYZE, FORMAT JSON) `+c.sql, c.args...).Scan(&out); err != nil {
+			t.Fatalf("%s: %v", c.name, err)
+		}
+		var plans []struct {
+			Plan planNode `json:"Plan"`
+		}
+		if err := json.Unmarshal(out, &plans); err != nil || len(plans) != 1 {
+			t.Fatalf("%s: plan %s: %v", c.name, out, err)
+		}
+		read := plans[0].Plan.rowsFrom("outbox")
+		if max := float64(len(lanes) * limit); read > max {
+			t.Errorf("%s read %.0f rows of a %d-row backlog, want at most %.0f (%d per lane)\n%s", c.name, read, backlog, max, limit, out)
+		}
+	}
+	var age float64
+	if err := pool.QueryRow(ctx, q.oldestOwned, lanes).Scan(&age); err != nil || age < 0 {
+		t.Fatalf("oldest owned row: %v, %v", age, err)
+	}
+}
