@@ -94,32 +94,37 @@ SELECT e, t, tp, k, v, h::jsonb
 FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bytea[], $6::text[]) WITH ORDINALITY AS r(e, t, tp, k, v, h, n)
 ORDER BY n`, table),
 		// The head of the relay's lanes, in id order, without the rows of
-		// the batch in flight ($3): the first $2 pending rows of each lane
-		// (the pending index on (lane, id) gives them in order and stops),
-		// merged. Always from the head: a row that became visible late (its
-		// transaction committed after a later row was claimed) or a key
-		// whose parking ended is taken before the later rows of its key. No
-		// row locks: lanes are owned by one relay (advisory locks), so
-		// nothing else claims these rows, and the claim runs outside a
+		// the batch in flight ($3): the ids of the first $2 pending rows of
+		// each lane (the pending index on (lane, id) gives them in order
+		// and stops, without reading the rows), merged and cut to $2, then
+		// those rows. Always from the head: a row that became visible late
+		// (its transaction committed after a later row was claimed) or a
+		// key whose parking ended is taken before the later rows of its
+		// key. No row locks: lanes are owned by one relay (advisory locks),
+		// so nothing else claims these rows, and the claim runs outside a
 		// transaction so that the next batch can be claimed while the
 		// previous one is being published.
-		claim: fmt.Sprintf(`SELECT o.id, o.event_id, o.event_type, o.topic, o.key, o.lane, o.value, o.headers::text, o.attempts
-FROM unnest($1::int[]) AS l(lane) CROSS JOIN LATERAL (
-  SELECT * FROM %s
-  WHERE published_at IS NULL AND lane = l.lane AND id NOT IN (SELECT unnest($3::bigint[]))
-  ORDER BY id LIMIT $2) o
-ORDER BY o.id LIMIT $2`, table),
+		claim: fmt.Sprintf(`SELECT id, event_id, event_type, topic, key, lane, value, headers::text, attempts
+FROM %[1]s WHERE id = ANY(ARRAY(
+  SELECT h.id FROM unnest($1::int[]) AS l(lane) CROSS JOIN LATERAL (
+    SELECT id FROM %[1]s
+    WHERE published_at IS NULL AND lane = l.lane AND id NOT IN (SELECT unnest($3::bigint[]))
+    ORDER BY id LIMIT $2) h
+  ORDER BY h.id LIMIT $2))
+ORDER BY id`, table),
 		// claimUnparked is claim without the rows of parked keys ($4 topics,
 		// $5 keys) and of parked topics ($6): all of a parked key's or
 		// topic's rows wait, so its order holds. The arrays must not be NULL.
-		claimUnparked: fmt.Sprintf(`SELECT o.id, o.event_id, o.event_type, o.topic, o.key, o.lane, o.value, o.headers::text, o.attempts
-FROM unnest($1::int[]) AS l(lane) CROSS JOIN LATERAL (
-  SELECT * FROM %s r
-  WHERE published_at IS NULL AND lane = l.lane AND id NOT IN (SELECT unnest($3::bigint[]))
-    AND topic <> ALL($6::text[])
-    AND NOT EXISTS (SELECT 1 FROM unnest($4::text[], $5::bytea[]) AS p(topic, key) WHERE p.topic = r.topic AND p.key = r.key)
-  ORDER BY id LIMIT $2) o
-ORDER BY o.id LIMIT $2`, table),
+		claimUnparked: fmt.Sprintf(`SELECT id, event_id, event_type, topic, key, lane, value, headers::text, attempts
+FROM %[1]s WHERE id = ANY(ARRAY(
+  SELECT h.id FROM unnest($1::int[]) AS l(lane) CROSS JOIN LATERAL (
+    SELECT id FROM %[1]s r
+    WHERE published_at IS NULL AND lane = l.lane AND id NOT IN (SELECT unnest($3::bigint[]))
+      AND topic <> ALL($6::text[])
+      AND NOT EXISTS (SELECT 1 FROM unnest($4::text[], $5::bytea[]) AS p(topic, key) WHERE p.topic = r.topic AND p.key = r.key)
+    ORDER BY id LIMIT $2) h
+  ORDER BY h.id LIMIT $2))
+ORDER BY id`, table),
 		// oldestOwned is the age in seconds of the first pending row of the
 		// relay's lanes (0 if none), for readiness: the heads of its lanes,
 		// without counting the backlog.
