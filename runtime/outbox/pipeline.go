@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -30,7 +31,11 @@ import (
 //   - a write with a fixed event ID (events.WithEventID) is inserted at
 //     once, with the rows queued before it, so a duplicate ID is refused
 //     by Write, as on any transaction;
-//   - rolling back a savepoint drops the rows queued since it was opened.
+//   - rolling back a savepoint drops the rows queued since it was opened;
+//     savepoints opened with Begin cost nothing extra, and savepoint
+//     statements sent as SQL text (as some libraries do) first send the
+//     queued rows, so either way the rows share the fate of the statements
+//     around them.
 //
 // A PipelineTx is not safe for concurrent use, like a pgx.Tx. Begin it
 // with Begin (a pool) or BeginConn (a connection), or run a function in
@@ -264,12 +269,34 @@ func (t *PipelineTx) Begin(ctx context.Context) (pgx.Tx, error) {
 	return &pipelineSavepoint{root: t, name: name}, nil
 }
 
-// Exec runs sql in the transaction.
+// Exec runs sql in the transaction. A savepoint statement sent as SQL
+// text (SAVEPOINT, RELEASE, ROLLBACK [TO]) first has the queued rows sent
+// with it, in the same flight, so that the database's own savepoints
+// decide their fate exactly as they would have decided an INSERT's.
 func (t *PipelineTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if t.closed {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
+	if len(t.queue) > 0 && scopeStatement(sql) {
+		return t.flush(ctx, sql, args...)
+	}
 	return t.conn.Exec(ctx, sql, args...)
+}
+
+// scopeStatement reports whether sql opens or ends a savepoint or the
+// transaction, after which queued rows would land in the wrong scope.
+func scopeStatement(sql string) bool {
+	s := strings.TrimLeft(sql, " \t\r\n(")
+	for _, kw := range []string{"savepoint", "release", "rollback", "commit", "end", "abort"} {
+		if len(s) >= len(kw) && strings.EqualFold(s[:len(kw)], kw) && (len(s) == len(kw) || !isIdentByte(s[len(kw)])) {
+			return true
+		}
+	}
+	return false
+}
+
+func isIdentByte(c byte) bool {
+	return c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
 }
 
 // Query runs sql in the transaction.
@@ -288,10 +315,22 @@ func (t *PipelineTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.
 	return t.conn.QueryRow(ctx, sql, args...)
 }
 
-// SendBatch sends b in the transaction (the queued outbox rows stay queued).
+// SendBatch sends b in the transaction. The queued outbox rows stay
+// queued, unless b holds a savepoint statement (see Exec): then they are
+// sent first, in a round trip of their own.
 func (t *PipelineTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if t.closed {
 		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
+	}
+	if len(t.queue) > 0 {
+		for _, q := range b.QueuedQueries {
+			if scopeStatement(q.SQL) {
+				if _, err := t.flush(ctx, sqlNoop); err != nil {
+					return pgx.FailedBatchResults(b, err)
+				}
+				break
+			}
+		}
 	}
 	return t.tx.SendBatch(ctx, b)
 }

@@ -445,3 +445,64 @@ func TestPipelineTxOnConn(t *testing.T) {
 		t.Fatalf("%d outbox rows, want 1", n)
 	}
 }
+
+// TestPipelineTxRawSavepoints: savepoints sent as SQL text (by Exec or in
+// a batch, as some libraries and the consumer's per-event isolation do)
+// decide the fate of the queued rows as they would decide an INSERT's.
+func TestPipelineTxRawSavepoints(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, w := pipelineFixture(t)
+	d := descriptorFor("raw")
+	err := BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		exec := func(sql string) {
+			t.Helper()
+			if _, err := tx.Exec(ctx, sql); err != nil {
+				t.Fatal(err)
+			}
+		}
+		write := func(key string, seq int) {
+			t.Helper()
+			if _, err := w.Write(ctx, tx, newEvent(d, key, seq)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		write("a", 0)
+		exec("SAVEPOINT s1")
+		write("dropped", 0)
+		exec("rollback to savepoint s1")
+		write("a", 1)
+		exec(" Savepoint s2")
+		write("a", 2)
+		exec("RELEASE SAVEPOINT s2")
+		write("a", 3) // queued when the batch below opens a savepoint
+		b := &pgx.Batch{}
+		b.Queue("SAVEPOINT s3")
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return err
+		}
+		write("dropped", 1)
+		exec("ROLLBACK TO SAVEPOINT s3")
+		write("a", 4)
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(outboxSeqs(t, pool), " "), "a/0 a/1 a/2 a/3 a/4"; got != want {
+		t.Fatalf("outbox rows %q, want %q", got, want)
+	}
+}
+
+func TestScopeStatement(t *testing.T) {
+	for sql, want := range map[string]bool{
+		"SAVEPOINT sp": true, " rollback to savepoint sp": true, "ROLLBACK": true, "release sp": true,
+		"commit": true, "END": true, "abort;": true,
+		"INSERT INTO orders VALUES (1)": false, "SELECT 1": false, "savepoints_table": false,
+		"ending": false, "UPDATE x SET rollback = 1": false,
+	} {
+		if got := scopeStatement(sql); got != want {
+			t.Errorf("scopeStatement(%q) = %v, want %v", sql, got, want)
+		}
+	}
+}

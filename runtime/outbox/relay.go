@@ -392,7 +392,12 @@ type loop struct {
 	fast int
 	// limit is the adaptive batch size; poll the next idle poll delay.
 	limit int
-	poll  time.Duration
+	// backlog is set while claims come back full: the next claim reads
+	// each lane's head through the pending index (claim) instead of
+	// sorting the owned lanes' pending rows (claimTrickle), which is
+	// cheaper when they are few.
+	backlog bool
+	poll    time.Duration
 	// parked are keys whose partition refused them recently: the claim
 	// leaves all their rows alone until the key's own backoff ends, so the
 	// keys behind them in the lanes keep flowing while their order is kept.
@@ -737,8 +742,10 @@ func (l *loop) claim(ctx context.Context, inFlight []claimed) ([]claimed, error)
 	var err error
 	if keyTopics, keys, topics := l.parkedNow(); len(keys) > 0 || len(topics) > 0 {
 		rows, err = l.s.conn.Query(ctx, l.q.claimUnparked, l.s.owned, l.limit, exclude, keyTopics, keys, topics)
-	} else {
+	} else if l.backlog {
 		rows, err = l.s.conn.Query(ctx, l.q.claim, l.s.owned, l.limit, exclude)
+	} else {
+		rows, err = l.s.conn.Query(ctx, l.q.claimTrickle, l.s.owned, l.limit, exclude)
 	}
 	if err != nil {
 		return nil, dbErr(fmt.Errorf("outbox: relay: claim: %w", err))
@@ -753,6 +760,7 @@ func (l *loop) claim(ctx context.Context, inFlight []claimed) ([]claimed, error)
 		return nil, dbErr(fmt.Errorf("outbox: relay: claim: %w", err))
 	}
 	l.r.dep(depDatabase, nil)
+	l.backlog = len(batch) >= l.limit
 	switch n := len(batch); {
 	case n >= l.limit:
 		l.limit = min(2*l.limit, l.r.cfg.batchSize)

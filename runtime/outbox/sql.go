@@ -69,6 +69,7 @@ type queries struct {
 	insertFixed   string
 	insertBatch   string
 	claim         string
+	claimTrickle  string
 	claimUnparked string
 	oldestOwned   string
 	markPublished string
@@ -112,6 +113,15 @@ FROM %[1]s WHERE id = ANY(ARRAY(
     ORDER BY id LIMIT $2) h
   ORDER BY h.id LIMIT $2))
 ORDER BY id`, table),
+		// claimTrickle is claim for a relay that is keeping up: the owned
+		// lanes' pending rows, few then, found through the pending index
+		// and sorted, with less planning and no second lookup. With a
+		// backlog (or stale statistics) it would read and sort every
+		// pending row of the lanes, so the relay switches to claim as soon
+		// as a claim comes back full.
+		claimTrickle: fmt.Sprintf(`SELECT id, event_id, event_type, topic, key, lane, value, headers::text, attempts
+FROM %s WHERE published_at IS NULL AND lane = ANY($1::int[]) AND id NOT IN (SELECT unnest($3::bigint[]))
+ORDER BY id LIMIT $2`, table),
 		// claimUnparked is claim without the rows of parked keys ($4 topics,
 		// $5 keys) and of parked topics ($6): all of a parked key's or
 		// topic's rows wait, so its order holds. The arrays must not be NULL.
