@@ -35,7 +35,15 @@ import (
 //     savepoints opened with Begin cost nothing extra, and savepoint
 //     statements sent as SQL text (as some libraries do) first send the
 //     queued rows, so either way the rows share the fate of the statements
-//     around them.
+//     around them;
+//   - what the database refuses about a row (a missing table, say), or a
+//     transaction that already failed, is reported by Commit, not by
+//     Write; if queued rows may not have reached the database (a savepoint
+//     opened on a cancelled context, say), the transaction refuses to
+//     commit and Commit rolls it back;
+//   - a Writer handed a wrapper of the transaction (a tracing decorator)
+//     inserts at once; the queued rows are sent ahead of that INSERT, so
+//     ids keep the order of the writes.
 //
 // A PipelineTx is not safe for concurrent use, like a pgx.Tx. Begin it
 // with Begin (a pool) or BeginConn (a connection), or run a function in
@@ -48,6 +56,10 @@ type PipelineTx struct {
 	queue   []queuedRow
 	nextSP  int64
 	closed  bool
+	// lost is set when queued rows may not have reached the database (a
+	// flush or a savepoint rollback that failed, say on a cancelled
+	// context): the transaction must not commit without them.
+	lost error
 }
 
 // queuedRow is one encoded event waiting for Commit, with its table.
@@ -122,6 +134,9 @@ func (t *PipelineTx) pipeline() (*PipelineTx, error) {
 	if t.closed {
 		return nil, pgx.ErrTxClosed
 	}
+	if t.lost != nil {
+		return nil, t.lost
+	}
 	return t, nil
 }
 
@@ -165,8 +180,15 @@ func (t *PipelineTx) runs() [][]queuedRow {
 }
 
 // flush sends the queued rows and then stmt (with args) in one pipeline
-// and empties the queue. An error leaves the transaction aborted.
-func (t *PipelineTx) flush(ctx context.Context, stmt string, args ...any) (pgconn.CommandTag, error) {
+// and empties the queue. After an error the rows may be lost, whether or
+// not the database saw the batch, so the transaction is marked unable to
+// commit.
+func (t *PipelineTx) flush(ctx context.Context, stmt string, args ...any) (tag pgconn.CommandTag, err error) {
+	defer func() {
+		if err != nil && t.lost == nil {
+			t.lost = fmt.Errorf("outbox: queued events were not written, so the transaction cannot commit: %w", err)
+		}
+	}()
 	b := &pgx.Batch{}
 	t.queueBatch(b)
 	runs := t.runs()
@@ -179,7 +201,7 @@ func (t *PipelineTx) flush(ctx context.Context, stmt string, args ...any) (pgcon
 			return pgconn.CommandTag{}, fmt.Errorf("outbox: insert %d queued events into %s: %w", len(run), run[0].w.table, missingTable(err))
 		}
 	}
-	tag, err := br.Exec()
+	tag, err = br.Exec()
 	if cerr := br.Close(); err == nil {
 		err = cerr
 	}
@@ -196,6 +218,12 @@ func (t *PipelineTx) Commit(ctx context.Context) error {
 	}
 	t.closed = true
 	defer t.end(ctx)
+	if t.lost != nil {
+		// end rolls back: committing would keep the business change
+		// without its events.
+		t.queue = nil
+		return fmt.Errorf("%w: %w", pgx.ErrTxCommitRollback, t.lost)
+	}
 	if len(t.queue) == 0 || t.conn.PgConn().TxStatus() == 'E' {
 		// Nothing to send along, or nothing can be inserted any more:
 		// pgx's own Commit reports a failed transaction as it should.
@@ -270,24 +298,36 @@ func (t *PipelineTx) Begin(ctx context.Context) (pgx.Tx, error) {
 }
 
 // Exec runs sql in the transaction. A savepoint statement sent as SQL
-// text (SAVEPOINT, RELEASE, ROLLBACK [TO]) first has the queued rows sent
-// with it, in the same flight, so that the database's own savepoints
-// decide their fate exactly as they would have decided an INSERT's.
+// text (SAVEPOINT, RELEASE, ROLLBACK [TO]) and an outbox INSERT that
+// reached the transaction some other way (a Writer given a wrapper of it)
+// first have the queued rows sent, so that savepoints decide their fate
+// as they would an INSERT's and ids keep the order of the writes.
 func (t *PipelineTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	if t.closed {
 		return pgconn.CommandTag{}, pgx.ErrTxClosed
 	}
-	if len(t.queue) > 0 && scopeStatement(sql) {
-		return t.flush(ctx, sql, args...)
+	if err := t.before(ctx, sql); err != nil {
+		return pgconn.CommandTag{}, err
 	}
 	return t.conn.Exec(ctx, sql, args...)
 }
 
-// scopeStatement reports whether sql opens or ends a savepoint or the
-// transaction, after which queued rows would land in the wrong scope.
+// before sends the queued rows ahead of sql when sql must not overtake
+// them (see Exec).
+func (t *PipelineTx) before(ctx context.Context, sql string) error {
+	if len(t.queue) == 0 || !(scopeStatement(sql) || outboxInsert(sql)) {
+		return nil
+	}
+	_, err := t.flush(ctx, sqlNoop)
+	return err
+}
+
+// scopeStatement reports whether sql, after any leading comments, opens or
+// ends a savepoint or the transaction, after which queued rows would land
+// in the wrong scope.
 func scopeStatement(sql string) bool {
-	s := strings.TrimLeft(sql, " \t\r\n(")
-	for _, kw := range []string{"savepoint", "release", "rollback", "commit", "end", "abort"} {
+	s := skipComments(sql)
+	for _, kw := range []string{"savepoint", "release", "rollback", "commit", "end", "abort", "prepare transaction"} {
 		if len(s) >= len(kw) && strings.EqualFold(s[:len(kw)], kw) && (len(s) == len(kw) || !isIdentByte(s[len(kw)])) {
 			return true
 		}
@@ -295,41 +335,68 @@ func scopeStatement(sql string) bool {
 	return false
 }
 
+// outboxInsert reports whether sql is one of the Writer's INSERTs.
+func outboxInsert(sql string) bool { return strings.Contains(sql, insertColumns) }
+
+// skipComments drops leading white space, parentheses and SQL comments.
+func skipComments(s string) string {
+	for {
+		s = strings.TrimLeft(s, " \t\r\n(")
+		switch {
+		case strings.HasPrefix(s, "--"):
+			i := strings.IndexByte(s, '\n')
+			if i < 0 {
+				return ""
+			}
+			s = s[i+1:]
+		case strings.HasPrefix(s, "/*"):
+			i := strings.Index(s, "*/")
+			if i < 0 {
+				return ""
+			}
+			s = s[i+2:]
+		default:
+			return s
+		}
+	}
+}
+
 func isIdentByte(c byte) bool {
 	return c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
 }
 
-// Query runs sql in the transaction.
+// Query runs sql in the transaction (see Exec for the queued rows).
 func (t *PipelineTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
 	if t.closed {
 		return closedRows{}, pgx.ErrTxClosed
 	}
+	if err := t.before(ctx, sql); err != nil {
+		return closedRows{err: err}, err
+	}
 	return t.conn.Query(ctx, sql, args...)
 }
 
-// QueryRow runs sql in the transaction.
+// QueryRow runs sql in the transaction (see Exec for the queued rows).
 func (t *PipelineTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	if t.closed {
 		return closedRows{}
+	}
+	if err := t.before(ctx, sql); err != nil {
+		return closedRows{err: err}
 	}
 	return t.conn.QueryRow(ctx, sql, args...)
 }
 
 // SendBatch sends b in the transaction. The queued outbox rows stay
-// queued, unless b holds a savepoint statement (see Exec): then they are
-// sent first, in a round trip of their own.
+// queued, unless b holds a savepoint statement or an outbox INSERT (see
+// Exec): then they are sent first, in a round trip of their own.
 func (t *PipelineTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
 	if t.closed {
 		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
 	}
-	if len(t.queue) > 0 {
-		for _, q := range b.QueuedQueries {
-			if scopeStatement(q.SQL) {
-				if _, err := t.flush(ctx, sqlNoop); err != nil {
-					return pgx.FailedBatchResults(b, err)
-				}
-				break
-			}
+	for _, q := range b.QueuedQueries {
+		if err := t.before(ctx, q.SQL); err != nil {
+			return pgx.FailedBatchResults(b, err)
 		}
 	}
 	return t.tx.SendBatch(ctx, b)
@@ -402,7 +469,14 @@ func (s *pipelineSavepoint) Rollback(ctx context.Context) error {
 	s.closed = true
 	s.root.queue = nil
 	if _, err := s.root.conn.Exec(ctx, sqlRollbackToSavepoint+s.name); err != nil {
-		return fmt.Errorf("outbox: roll back to savepoint: %w", err)
+		err = fmt.Errorf("outbox: roll back to savepoint: %w", err)
+		if s.root.lost == nil {
+			// The rows written since the savepoint are gone from the
+			// queue but the database did not roll back the business
+			// statements made with them.
+			s.root.lost = err
+		}
+		return err
 	}
 	return nil
 }
@@ -471,15 +545,25 @@ func (s *pipelineSavepoint) Conn() *pgx.Conn { return s.root.conn }
 // closedRows is the result of a query on a closed transaction. The
 // embedded interface is nil: it only keeps closedRows a pgx.Rows should
 // pgx add methods.
-type closedRows struct{ pgx.Rows }
+type closedRows struct {
+	pgx.Rows
+	err error // nil: pgx.ErrTxClosed
+}
+
+func (r closedRows) reason() error {
+	if r.err != nil {
+		return r.err
+	}
+	return pgx.ErrTxClosed
+}
 
 func (closedRows) Close()                                       {}
-func (closedRows) Err() error                                   { return pgx.ErrTxClosed }
+func (r closedRows) Err() error                                 { return r.reason() }
 func (closedRows) CommandTag() pgconn.CommandTag                { return pgconn.CommandTag{} }
 func (closedRows) FieldDescriptions() []pgconn.FieldDescription { return nil }
 func (closedRows) Next() bool                                   { return false }
-func (closedRows) Scan(...any) error                            { return pgx.ErrTxClosed }
-func (closedRows) Values() ([]any, error)                       { return nil, pgx.ErrTxClosed }
+func (r closedRows) Scan(...any) error                          { return r.reason() }
+func (r closedRows) Values() ([]any, error)                     { return nil, r.reason() }
 func (closedRows) RawValues() [][]byte                          { return nil }
 func (closedRows) Conn() *pgx.Conn                              { return nil }
 func (closedRows) TypeMap() *pgtype.Map                         { return nil }

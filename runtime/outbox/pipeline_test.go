@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -500,9 +501,116 @@ func TestScopeStatement(t *testing.T) {
 		"commit": true, "END": true, "abort;": true,
 		"INSERT INTO orders VALUES (1)": false, "SELECT 1": false, "savepoints_table": false,
 		"ending": false, "UPDATE x SET rollback = 1": false,
+		"/* orm */ savepoint s": true, "-- note\nRELEASE s": true, "-- only a comment": false,
 	} {
 		if got := scopeStatement(sql); got != want {
 			t.Errorf("scopeStatement(%q) = %v, want %v", sql, got, want)
 		}
+	}
+}
+
+// TestPipelineTxFailedFlushCannotCommit: when queued rows may not have
+// reached the database (here a savepoint opened on a cancelled context),
+// the transaction refuses to commit rather than keep the business change
+// without its events, and later writes are refused too.
+func TestPipelineTxFailedFlushCannotCommit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, w := pipelineFixture(t)
+	d := descriptorFor("lost")
+	tx, err := Begin(ctx, pool, pgx.TxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ('o-1')`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(ctx, tx, newEvent(d, "a", 0)); err != nil {
+		t.Fatal(err)
+	}
+	cancelled, cancel := context.WithCancel(ctx)
+	cancel()
+	if _, err := tx.Begin(cancelled); err == nil {
+		t.Fatal("savepoint on a cancelled context succeeded")
+	}
+	if _, err := w.Write(ctx, tx, newEvent(d, "a", 1)); err == nil {
+		t.Fatal("Write after a failed flush succeeded")
+	}
+	if err := tx.Commit(ctx); !errors.Is(err, pgx.ErrTxCommitRollback) {
+		t.Fatalf("Commit after a failed flush: %v, want ErrTxCommitRollback", err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM outbox`) + count(t, pool, `SELECT count(*) FROM orders`); n != 0 {
+		t.Fatalf("%d rows committed after events were lost", n)
+	}
+	if n := pool.Stat().AcquiredConns(); n != 0 {
+		t.Fatalf("%d connections still acquired", n)
+	}
+}
+
+// wrappedTx is a pgx.Tx decorator (tracing, logging) around a PipelineTx.
+type wrappedTx struct{ pgx.Tx }
+
+// TestPipelineTxWrappedWritesKeepOrder: a Writer handed a wrapper of the
+// transaction inserts at once; the rows queued before are sent ahead of
+// that INSERT, so ids keep the order of the writes.
+func TestPipelineTxWrappedWritesKeepOrder(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, w := pipelineFixture(t)
+	d := descriptorFor("wrapped")
+	err := BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := w.Write(ctx, tx, newEvent(d, "a", 0)); err != nil {
+			return err
+		}
+		if _, err := w.Write(ctx, wrappedTx{tx}, newEvent(d, "a", 1)); err != nil {
+			return err
+		}
+		if _, err := w.WriteBatch(ctx, tx, []events.Event{newEvent(d, "a", 2)}); err != nil {
+			return err
+		}
+		_, err := w.WriteBatch(ctx, wrappedTx{tx}, []events.Event{newEvent(d, "a", 3), newEvent(d, "a", 4)})
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(outboxSeqs(t, pool), " "), "a/0 a/1 a/2 a/3 a/4"; got != want {
+		t.Fatalf("outbox rows %q, want %q", got, want)
+	}
+}
+
+// TestPipelineTxCommentedAndMultiStatementSavepoints: savepoint statements
+// behind a comment are recognised, and several statements in one Exec
+// still run.
+func TestPipelineTxCommentedAndMultiStatementSavepoints(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, w := pipelineFixture(t)
+	d := descriptorFor("commented")
+	err := BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		for _, step := range []struct {
+			key string
+			seq int
+			sql string
+		}{
+			{"a", 0, "/* orm */ SAVEPOINT s1"},
+			{"dropped", 0, "-- undo\nROLLBACK TO SAVEPOINT s1"},
+			{"a", 1, "SAVEPOINT s2; SELECT 1"},
+			{"dropped", 1, "ROLLBACK TO SAVEPOINT s2"},
+		} {
+			if _, err := w.Write(ctx, tx, newEvent(d, step.key, step.seq)); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, step.sql); err != nil {
+				return fmt.Errorf("%s: %w", step.sql, err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := strings.Join(outboxSeqs(t, pool), " "), "a/0 a/1"; got != want {
+		t.Fatalf("outbox rows %q, want %q", got, want)
 	}
 }

@@ -63,6 +63,10 @@ WHERE locktype = 'advisory' AND granted AND objsubid = 2
 	sqlNoop = `SELECT 1`
 )
 
+// insertColumns opens the column list of every INSERT a Writer sends; a
+// PipelineTx recognises the Writer's statements by it.
+const insertColumns = `(event_id, event_type, topic, key, value, headers`
+
 // queries are the statements on one outbox table.
 type queries struct {
 	insert        string
@@ -82,15 +86,15 @@ type queries struct {
 
 func newQueries(table string) queries {
 	return queries{
-		insert: fmt.Sprintf(`INSERT INTO %s (event_id, event_type, topic, key, value, headers)
+		insert: fmt.Sprintf(`INSERT INTO %s `+insertColumns+`)
 VALUES ($1, $2, $3, $4, $5, $6::jsonb)`, table),
 		// insertFixed writes an event whose ID the producer fixed: the
 		// partial unique index refuses a duplicate of it.
-		insertFixed: fmt.Sprintf(`INSERT INTO %s (event_id, event_type, topic, key, value, headers, fixed_event_id)
+		insertFixed: fmt.Sprintf(`INSERT INTO %s `+insertColumns+`, fixed_event_id)
 VALUES ($1, $2, $3, $4, $5, $6::jsonb, true)`, table),
 		// One statement, one round trip for any number of events; WITH
 		// ORDINALITY keeps ids in the caller's order.
-		insertBatch: fmt.Sprintf(`INSERT INTO %s (event_id, event_type, topic, key, value, headers)
+		insertBatch: fmt.Sprintf(`INSERT INTO %s `+insertColumns+`)
 SELECT e, t, tp, k, v, h::jsonb
 FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bytea[], $6::text[]) WITH ORDINALITY AS r(e, t, tp, k, v, h, n)
 ORDER BY n`, table),
@@ -113,15 +117,18 @@ FROM %[1]s WHERE id = ANY(ARRAY(
     ORDER BY id LIMIT $2) h
   ORDER BY h.id LIMIT $2))
 ORDER BY id`, table),
-		// claimTrickle is claim for a relay that is keeping up: the owned
-		// lanes' pending rows, few then, found through the pending index
-		// and sorted, with less planning and no second lookup. With a
-		// backlog (or stale statistics) it would read and sort every
-		// pending row of the lanes, so the relay switches to claim as soon
-		// as a claim comes back full.
-		claimTrickle: fmt.Sprintf(`SELECT id, event_id, event_type, topic, key, lane, value, headers::text, attempts
-FROM %s WHERE published_at IS NULL AND lane = ANY($1::int[]) AND id NOT IN (SELECT unnest($3::bigint[]))
-ORDER BY id LIMIT $2`, table),
+		// claimTrickle is claim for a relay that is keeping up: the same
+		// per-lane heads, but whole rows straight from each lane's scan
+		// (few pending rows then, so reading up to $2 of each lane costs
+		// little), with no second lookup. With a backlog that would read
+		// $2 whole rows of every lane for one batch, so the relay switches
+		// to claim as soon as a claim comes back full.
+		claimTrickle: fmt.Sprintf(`SELECT o.id, o.event_id, o.event_type, o.topic, o.key, o.lane, o.value, o.headers::text, o.attempts
+FROM unnest($1::int[]) AS l(lane) CROSS JOIN LATERAL (
+  SELECT id, event_id, event_type, topic, key, lane, value, headers, attempts FROM %s
+  WHERE published_at IS NULL AND lane = l.lane AND id NOT IN (SELECT unnest($3::bigint[]))
+  ORDER BY id LIMIT $2) o
+ORDER BY o.id LIMIT $2`, table),
 		// claimUnparked is claim without the rows of parked keys ($4 topics,
 		// $5 keys) and of parked topics ($6): all of a parked key's or
 		// topic's rows wait, so its order holds. The arrays must not be NULL.
@@ -152,8 +159,11 @@ WHERE id = ANY($1::bigint[])`, table),
 		statusPending: fmt.Sprintf(`SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8,
   count(*) FILTER (WHERE attempts > 0)
 FROM %s WHERE published_at IS NULL`, table),
-		statusDone:  fmt.Sprintf(`SELECT count(*), max(published_at) FROM %s WHERE published_at IS NOT NULL`, table),
-		statusError: fmt.Sprintf(`SELECT last_error FROM %s WHERE published_at IS NULL AND last_error IS NOT NULL ORDER BY id LIMIT 1`, table),
+		statusDone: fmt.Sprintf(`SELECT count(*), max(published_at) FROM %s WHERE published_at IS NOT NULL`, table),
+		// statusError orders by id + 0 so that no plan walks the primary
+		// key through the retained published rows: the pending rows come
+		// from the pending index and are sorted.
+		statusError: fmt.Sprintf(`SELECT last_error FROM %s WHERE published_at IS NULL AND last_error IS NOT NULL ORDER BY id + 0 LIMIT 1`, table),
 	}
 }
 
