@@ -71,11 +71,7 @@ func TestClaimReadsLaneHeadsNotBacklog(t *testing.T) {
 	}
 	q := newQueries(`"outbox"`)
 	lanes := []int32{0, 1, 2, 3}
-	claims := []struct {
-		name string
-		sql  string
-		args []any
-	}{
+	claims := []claimQuery{
 		{"claim", q.claim, []any{lanes, limit, []int64{}}},
 		{"trickle claim", q.claimTrickle, []any{lanes, limit, []int64{}}},
 		{"claim with parked keys", q.claimUnparked, []any{lanes, limit, []int64{}, []string{"backlog"}, [][]byte{[]byte("key-007")}, []string{}}},
@@ -94,13 +90,16 @@ func TestClaimReadsLaneHeadsNotBacklog(t *testing.T) {
 	}
 }
 
-// checkClaims explains each claim and fails if one read more than its
-// lanes' heads and its batch.
-func checkClaims(t *testing.T, pool *pgxpool.Pool, stats string, claims []struct {
+// claimQuery is one form of the relay's claim with its arguments.
+type claimQuery struct {
 	name string
 	sql  string
 	args []any
-}, lanes, limit, backlog int) {
+}
+
+// checkClaims explains each claim and fails if one read more than its
+// lanes' heads and its batch.
+func checkClaims(t *testing.T, pool *pgxpool.Pool, stats string, claims []claimQuery, lanes, limit, backlog int) {
 	t.Helper()
 	ctx := context.Background()
 	for _, c := range claims {

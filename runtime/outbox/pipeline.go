@@ -150,22 +150,9 @@ func (t *PipelineTx) enqueue(w *Writer, rows ...row) {
 // Queued is the number of outbox rows waiting for Commit.
 func (t *PipelineTx) Queued() int { return len(t.queue) }
 
-// queueBatch adds the INSERTs of the queued rows to b, one statement per
-// run of rows bound for the same table (a row with a fixed ID on its own),
-// in the order they were written.
-func (t *PipelineTx) queueBatch(b *pgx.Batch) {
-	for _, run := range t.runs() {
-		rows := make([]row, len(run))
-		for i, q := range run {
-			rows[i] = q.r
-		}
-		q, args := run[0].w.insertRun(rows)
-		b.Queue(q, args...)
-	}
-}
-
-// runs splits the queue into the runs queueBatch inserts with one
-// statement each.
+// runs splits the queue into the runs flush inserts with one statement
+// each: the rows bound for one table, in the order they were written (a
+// row with a fixed ID on its own).
 func (t *PipelineTx) runs() [][]queuedRow {
 	var out [][]queuedRow
 	for i := 0; i < len(t.queue); {
@@ -189,9 +176,16 @@ func (t *PipelineTx) flush(ctx context.Context, stmt string, args ...any) (tag p
 			t.lost = fmt.Errorf("outbox: queued events were not written, so the transaction cannot commit: %w", err)
 		}
 	}()
-	b := &pgx.Batch{}
-	t.queueBatch(b)
 	runs := t.runs()
+	b := &pgx.Batch{}
+	for _, run := range runs {
+		rows := make([]row, len(run))
+		for i, q := range run {
+			rows[i] = q.r
+		}
+		q, args := run[0].w.insertRun(rows)
+		b.Queue(q, args...)
+	}
 	b.Queue(stmt, args...)
 	t.queue = nil
 	br := t.conn.SendBatch(ctx, b)
@@ -204,6 +198,13 @@ func (t *PipelineTx) flush(ctx context.Context, stmt string, args ...any) (tag p
 	tag, err = br.Exec()
 	if cerr := br.Close(); err == nil {
 		err = cerr
+	}
+	if err == nil {
+		// As after a plain Write: relays of this process poll quickly
+		// from now on and find the rows once the transaction commits.
+		for _, run := range runs {
+			wakeTable(run[0].w.table)
+		}
 	}
 	return tag, err
 }
@@ -230,7 +231,6 @@ func (t *PipelineTx) Commit(ctx context.Context) error {
 		t.queue = nil
 		return t.tx.Commit(ctx)
 	}
-	tables := t.tables()
 	tag, err := t.flush(ctx, t.commit)
 	if err != nil {
 		return fmt.Errorf("outbox: commit: %w", err)
@@ -238,21 +238,7 @@ func (t *PipelineTx) Commit(ctx context.Context) error {
 	if tag.String() == "ROLLBACK" {
 		return pgx.ErrTxCommitRollback
 	}
-	for _, tb := range tables {
-		wakeTable(tb)
-	}
 	return nil
-}
-
-// tables lists the tables of the queued rows, once each.
-func (t *PipelineTx) tables() []tableName {
-	var out []tableName
-	for _, q := range t.queue {
-		if len(out) == 0 || out[len(out)-1] != q.w.table {
-			out = append(out, q.w.table)
-		}
-	}
-	return out
 }
 
 // end leaves the connection outside any transaction (rolling back, or
@@ -441,16 +427,16 @@ func (s *pipelineSavepoint) pipeline() (*PipelineTx, error) {
 
 // Begin opens a savepoint inside this one.
 func (s *pipelineSavepoint) Begin(ctx context.Context) (pgx.Tx, error) {
-	if s.closed {
-		return nil, pgx.ErrTxClosed
+	if err := s.open(); err != nil {
+		return nil, err
 	}
 	return s.root.Begin(ctx)
 }
 
 // Commit releases the savepoint; its queued rows stay queued.
 func (s *pipelineSavepoint) Commit(ctx context.Context) error {
-	if s.closed || s.root.closed {
-		return pgx.ErrTxClosed
+	if err := s.open(); err != nil {
+		return err
 	}
 	s.closed = true
 	if _, err := s.root.conn.Exec(ctx, sqlReleaseSavepoint+s.name); err != nil {
@@ -463,8 +449,8 @@ func (s *pipelineSavepoint) Commit(ctx context.Context) error {
 // was opened: the queue holds only those, since opening a savepoint sends
 // the rows queued before it.
 func (s *pipelineSavepoint) Rollback(ctx context.Context) error {
-	if s.closed || s.root.closed {
-		return pgx.ErrTxClosed
+	if err := s.open(); err != nil {
+		return err
 	}
 	s.closed = true
 	s.root.queue = nil
@@ -481,6 +467,7 @@ func (s *pipelineSavepoint) Rollback(ctx context.Context) error {
 	return nil
 }
 
+// open refuses a savepoint that ended or whose transaction did.
 func (s *pipelineSavepoint) open() error {
 	if s.closed || s.root.closed {
 		return pgx.ErrTxClosed

@@ -57,6 +57,15 @@ func outboxSeqs(t *testing.T, pool *pgxpool.Pool) []string {
 	return got
 }
 
+// wantOutbox fails the test unless the outbox rows, in id order, are want
+// (key/seq pairs separated by spaces).
+func wantOutbox(t *testing.T, pool *pgxpool.Pool, want string) {
+	t.Helper()
+	if got := strings.Join(outboxSeqs(t, pool), " "); got != want {
+		t.Fatalf("outbox rows %q, want %q", got, want)
+	}
+}
+
 // seqOf reads the seq field out of a JSON envelope value.
 func seqOf(t *testing.T, value []byte) string {
 	t.Helper()
@@ -115,9 +124,7 @@ func TestPipelineTxCommitsQueuedRowsInOrder(t *testing.T) {
 	if err := tx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := strings.Join(outboxSeqs(t, pool), " "), "a/0 a/1 b/0 a/2"; got != want {
-		t.Fatalf("outbox rows %q, want %q", got, want)
-	}
+	wantOutbox(t, pool, "a/0 a/1 b/0 a/2")
 	if n := count(t, pool, `SELECT count(*) FROM orders`); n != 1 {
 		t.Fatalf("%d orders committed, want 1", n)
 	}
@@ -317,9 +324,7 @@ func TestPipelineTxSavepoints(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := strings.Join(outboxSeqs(t, pool), " "), "a/0 a/1 a/2 b/0 a/3"; got != want {
-		t.Fatalf("outbox rows %q, want %q", got, want)
-	}
+	wantOutbox(t, pool, "a/0 a/1 a/2 b/0 a/3")
 }
 
 // TestPipelineTxFixedEventID: a write with a fixed event ID goes in at
@@ -347,9 +352,7 @@ func TestPipelineTxFixedEventID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := strings.Join(outboxSeqs(t, pool), " "), "a/0 a/1 a/2"; got != want {
-		t.Fatalf("outbox rows %q, want %q", got, want)
-	}
+	wantOutbox(t, pool, "a/0 a/1 a/2")
 	err = BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		_, err := w.Write(ctx, tx, newEvent(d, "a", 3), events.WithEventID(id))
 		return err
@@ -490,9 +493,7 @@ func TestPipelineTxRawSavepoints(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := strings.Join(outboxSeqs(t, pool), " "), "a/0 a/1 a/2 a/3 a/4"; got != want {
-		t.Fatalf("outbox rows %q, want %q", got, want)
-	}
+	wantOutbox(t, pool, "a/0 a/1 a/2 a/3 a/4")
 }
 
 func TestScopeStatement(t *testing.T) {
@@ -574,9 +575,7 @@ func TestPipelineTxWrappedWritesKeepOrder(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := strings.Join(outboxSeqs(t, pool), " "), "a/0 a/1 a/2 a/3 a/4"; got != want {
-		t.Fatalf("outbox rows %q, want %q", got, want)
-	}
+	wantOutbox(t, pool, "a/0 a/1 a/2 a/3 a/4")
 }
 
 // TestPipelineTxCommentedAndMultiStatementSavepoints: savepoint statements
@@ -610,7 +609,5 @@ func TestPipelineTxCommentedAndMultiStatementSavepoints(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := strings.Join(outboxSeqs(t, pool), " "), "a/0 a/1"; got != want {
-		t.Fatalf("outbox rows %q, want %q", got, want)
-	}
+	wantOutbox(t, pool, "a/0 a/1")
 }

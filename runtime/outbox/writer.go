@@ -241,17 +241,7 @@ func (w *Writer) Write(ctx context.Context, tx Tx, ev events.Event, opts ...even
 		return events.EventID{}, err
 	}
 	if q, ok := tx.(rowQueue); ok {
-		p, err := q.pipeline()
-		if err != nil {
-			return events.EventID{}, fmt.Errorf("outbox: write %s: %w", r.eventType, err)
-		}
-		p.enqueue(w, r)
-		if po.EventID == (events.EventID{}) {
-			return r.id, nil
-		}
-		// A fixed ID is inserted at once (after the rows queued before it,
-		// in the same flight), so a duplicate is refused here.
-		if _, err := p.flush(ctx, sqlNoop); err != nil {
+		if err := w.queueRows(ctx, q, r); err != nil {
 			return events.EventID{}, fmt.Errorf("outbox: write %s %s: %w", r.eventType, r.id, err)
 		}
 		return r.id, nil
@@ -291,15 +281,7 @@ func (w *Writer) WriteBatch(ctx context.Context, tx Tx, evs []events.Event, opts
 		ids[i], rows[i] = r.id, r
 	}
 	if q, ok := tx.(rowQueue); ok {
-		p, err := q.pipeline()
-		if err != nil {
-			return nil, fmt.Errorf("outbox: write batch: %w", err)
-		}
-		p.enqueue(w, rows...)
-		if po.EventID == (events.EventID{}) {
-			return ids, nil
-		}
-		if _, err := p.flush(ctx, sqlNoop); err != nil {
+		if err := w.queueRows(ctx, q, rows...); err != nil {
 			return nil, fmt.Errorf("outbox: write batch: %w", err)
 		}
 		return ids, nil
@@ -310,6 +292,23 @@ func (w *Writer) WriteBatch(ctx context.Context, tx Tx, evs []events.Event, opts
 	}
 	wakeTable(w.table)
 	return ids, nil
+}
+
+// queueRows hands rows to the PipelineTx behind q, to be inserted with its
+// COMMIT. A fixed ID (only ever on a lone row) is inserted at once, after
+// the rows queued before it and in the same flight, so that a duplicate is
+// refused by the write itself.
+func (w *Writer) queueRows(ctx context.Context, q rowQueue, rows ...row) error {
+	p, err := q.pipeline()
+	if err != nil {
+		return err
+	}
+	p.enqueue(w, rows...)
+	if !rows[0].fixed {
+		return nil
+	}
+	_, err = p.flush(ctx, sqlNoop)
+	return err
 }
 
 // publishOptions applies opts and, unless they set a trace parent, takes
