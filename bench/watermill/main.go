@@ -5,7 +5,7 @@
 // line (BenchmarkWatermill/…) plus the ratios, median and range over the
 // rounds. internal/benchreport reads the lines and checks the targets.
 //
-//	go run . [-rounds 3] [-events 10000] [-workers 4] [-consume 5000] [-write 1s] [-e2e 3s] [-only drain,write,consume,e2e]
+//	go run . [-rounds 3] [-events 10000] [-workers 2] [-consume 5000] [-write 1s] [-e2e 3s] [-only drain,write,consume,e2e]
 //
 // Postgres is $PROTOEVENTS_TEST_DATABASE_URL or, without it, a throwaway
 // cluster; Kafka is always in-process (kfake). It is its own module so the
@@ -41,7 +41,7 @@ func main() {
 	only := flag.String("only", "drain,write,consume,e2e", "comma-separated measurements to run")
 	flag.IntVar(&c.rounds, "rounds", 3, "interleaved rounds")
 	flag.IntVar(&c.events, "events", 20000, "events per relay drain")
-	flag.IntVar(&c.workers, "workers", 4, "our relay's lane workers in the drain (outbox.WithWorkers)")
+	flag.IntVar(&c.workers, "workers", 2, "our relay's lane workers in the drain (outbox.WithWorkers), and the claim-and-mark baseline's connections")
 	flag.IntVar(&c.consume, "consume", 5000, "events per consumer run")
 	flag.DurationVar(&c.write, "write", 3*time.Second, "time each variant of the outbox write gets per round, in interleaved slices")
 	flag.DurationVar(&c.e2e, "e2e", 3*time.Second, "duration of each end-to-end run")
@@ -149,7 +149,7 @@ func drainRound(ctx context.Context, e *env, c config, res results, oursFirst bo
 		return err
 	}
 	return e.withOurs(ctx, "wmb_db", func(o *ours) error {
-		v, err := claimAndMark(ctx, o, c.events)
+		v, err := claimAndMark(ctx, o, c.events, c.workers)
 		if err != nil {
 			return err
 		}

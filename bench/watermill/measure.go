@@ -123,31 +123,32 @@ func writeRun(ctx context.Context, s *schema, clients int, dur time.Duration, p 
 	return done.Load(), time.Since(start), first
 }
 
-// claimWorkers is how many connections claimAndMark uses: the relay works
-// its lanes concurrently, so the database's ceiling is measured so too.
-const claimWorkers = 4
-
-// claimAndMark is the database's own ceiling for a relay: plain SQL loops
-// that each claim the oldest pending rows, reading what a relay sends, and
-// mark them published in one statement per batch of 500 (UPDATE … WHERE id
-// IN (SELECT … FOR UPDATE SKIP LOCKED) RETURNING), without Kafka.
-func claimAndMark(ctx context.Context, o *ours, n int) (float64, error) {
+// claimAndMark is the database's own ceiling for a relay: conns plain SQL
+// loops (as many as the relay has lane workers, so that both put the same
+// number of sessions to work) that each claim the oldest pending rows,
+// reading what a relay sends, and mark them published in one statement per
+// batch of 500 (UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED)
+// RETURNING), without Kafka.
+func claimAndMark(ctx context.Context, o *ours, n, conns int) (float64, error) {
 	if err := o.prefill(ctx, descriptorFor("claim-"+suffix()), n); err != nil {
 		return 0, err
 	}
 	// The baseline's own best index, built before the clock starts: its
 	// claim takes the oldest pending rows of all lanes, which the outbox's
 	// pending index (lane, id) does not give in order.
-	if _, err := o.s.pool.Exec(ctx, `CREATE INDEX outbox_claim_idx ON outbox (id) WHERE published_at IS NULL; ANALYZE outbox`); err != nil {
+	if _, err := o.s.pool.Exec(ctx, `CREATE INDEX outbox_claim_idx ON outbox (id) WHERE published_at IS NULL`); err != nil {
 		return 0, fmt.Errorf("claim-and-mark index: %w", err)
+	}
+	if err := o.s.analyze(ctx); err != nil {
+		return 0, err
 	}
 	var (
 		total atomic.Int64
 		wg    sync.WaitGroup
-		errs  = make(chan error, claimWorkers)
+		errs  = make(chan error, conns)
 	)
 	start := time.Now()
-	for range claimWorkers {
+	for range conns {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()

@@ -100,6 +100,9 @@ func (o *ours) drain(ctx context.Context, brokers []string, n, workers int) (flo
 	if err := o.prefill(ctx, d, n); err != nil {
 		return 0, err
 	}
+	if err := o.s.analyze(ctx); err != nil {
+		return 0, err
+	}
 	return timeDrain(ctx, brokers, topic, n, "our relay", 2*time.Minute,
 		func(published *atomic.Int64) (func() error, error) {
 			return o.startRelay(brokers, workers, published)

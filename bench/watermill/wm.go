@@ -190,6 +190,9 @@ func (w *wm) drain(ctx context.Context, brokers []string, n int) (float64, error
 	if err := w.prefill(ctx, topic, n); err != nil {
 		return 0, err
 	}
+	if err := w.s.analyze(ctx); err != nil {
+		return 0, err
+	}
 	return timeDrain(ctx, brokers, topic, n, "watermill forwarder", 5*time.Minute,
 		func(forwarded *atomic.Int64) (func() error, error) { return w.startForwarder(brokers, forwarded) })
 }

@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -392,12 +393,12 @@ type loop struct {
 	fast int
 	// limit is the adaptive batch size; poll the next idle poll delay.
 	limit int
-	// backlog is set while claims come back full: the next claim reads
-	// each lane's head through the pending index (claim) instead of
-	// sorting the owned lanes' pending rows (claimTrickle), which is
-	// cheaper when they are few.
-	backlog bool
-	poll    time.Duration
+	// demand is what each owned lane gave the last claim (twice that if
+	// it gave its whole quota), which the next quotas follow; turn is the
+	// lane that gets the first of the rows left over by rounding.
+	demand map[int]int
+	turn   int
+	poll   time.Duration
 	// parked are keys whose partition refused them recently: the claim
 	// leaves all their rows alone until the key's own backoff ends, so the
 	// keys behind them in the lanes keep flowing while their order is kept.
@@ -409,6 +410,8 @@ type loop struct {
 	parkedTopics map[string]*parkedKey
 
 	nextRebalance, nextCleanup, nextStatus time.Time
+	// cleaned is set once worker 0 ran its first cleanup.
+	cleaned bool
 
 	// start lets the first lane split wait until every worker has
 	// announced itself, so that one worker does not take every lane for a
@@ -451,7 +454,10 @@ func (b *startBarrier) wait(ctx context.Context, d time.Duration) {
 func (l *loop) run(ctx context.Context) error {
 	cfg := &l.r.cfg
 	now := time.Now()
-	l.nextCleanup, l.nextStatus = now, now
+	// The first cleanup waits until the relay has caught up (or for one
+	// cleanup interval): a relay starting on a backlog, after an outage or
+	// a deploy, publishes first.
+	l.nextCleanup, l.nextStatus = now.Add(cfg.cleanupInterval), now
 	if l.worker > 0 {
 		l.nextCleanup, l.nextStatus = farFuture, farFuture
 	}
@@ -490,6 +496,7 @@ func (l *loop) run(ctx context.Context) error {
 		}
 		if !now.Before(l.nextCleanup) {
 			l.cleanup(ctx)
+			l.cleaned = true
 			l.nextCleanup = now.Add(cfg.cleanupInterval)
 		}
 		if !now.Before(l.nextStatus) && cfg.metrics.Pending != nil {
@@ -517,6 +524,10 @@ func (l *loop) run(ctx context.Context) error {
 		l.bo.reset()
 		if n > 0 {
 			l.poll = pollMin
+			continue
+		}
+		if l.worker == 0 && !l.cleaned {
+			l.nextCleanup = time.Now() // caught up: the first cleanup is due
 			continue
 		}
 		l.idle(ctx)
@@ -730,22 +741,22 @@ type claimed struct {
 	headers string
 }
 
-// claim reads the next batch of the owned lanes: the first pending rows in
-// id order, without those in flight and those of keys and topics parked
-// now, at most the adaptive batch size, which it then adapts.
+// claim reads the next batch of the owned lanes: the first pending rows of
+// each lane, as many as its quota (quotas), without those in flight and
+// those of keys and topics parked now; it returns them in id order and
+// adapts the batch size and the quotas.
 func (l *loop) claim(ctx context.Context, inFlight []claimed) ([]claimed, error) {
 	exclude := make([]int64, len(inFlight))
 	for i := range inFlight {
 		exclude[i] = inFlight[i].ID
 	}
+	lanes, quotas := l.quotas()
 	var rows pgx.Rows
 	var err error
 	if keyTopics, keys, topics := l.parkedNow(); len(keys) > 0 || len(topics) > 0 {
-		rows, err = l.s.conn.Query(ctx, l.q.claimUnparked, l.s.owned, l.limit, exclude, keyTopics, keys, topics)
-	} else if l.backlog {
-		rows, err = l.s.conn.Query(ctx, l.q.claim, l.s.owned, l.limit, exclude)
+		rows, err = l.s.conn.Query(ctx, l.q.claimUnparked, lanes, quotas, exclude, keyTopics, keys, topics)
 	} else {
-		rows, err = l.s.conn.Query(ctx, l.q.claimTrickle, l.s.owned, l.limit, exclude)
+		rows, err = l.s.conn.Query(ctx, l.q.claim, lanes, quotas, exclude)
 	}
 	if err != nil {
 		return nil, dbErr(fmt.Errorf("outbox: relay: claim: %w", err))
@@ -760,9 +771,16 @@ func (l *loop) claim(ctx context.Context, inFlight []claimed) ([]claimed, error)
 		return nil, dbErr(fmt.Errorf("outbox: relay: claim: %w", err))
 	}
 	l.r.dep(depDatabase, nil)
-	l.backlog = len(batch) >= l.limit
+	// The rows come lane after lane, every lane's in id order. Cut to the
+	// batch size in id order, the batch still holds a first part of every
+	// lane's rows.
+	slices.SortFunc(batch, func(a, b claimed) int { return cmp.Compare(a.ID, b.ID) })
+	more := l.noteDemand(batch, lanes, quotas)
+	if len(batch) > l.limit {
+		batch = batch[:l.limit]
+	}
 	switch n := len(batch); {
-	case n >= l.limit:
+	case more:
 		l.limit = min(2*l.limit, l.r.cfg.batchSize)
 	case n < l.limit/4:
 		l.limit = max(min(minBatch, l.r.cfg.batchSize), l.limit/2)
@@ -771,6 +789,89 @@ func (l *loop) claim(ctx context.Context, inFlight []claimed) ([]claimed, error)
 		h(ctx, rowsOf(batch))
 	}
 	return batch, nil
+}
+
+// quotas splits the batch size among the owned lanes: how many rows the
+// claim reads from each (lanes with none are left out). It follows the
+// demand the last claim saw (noteDemand): each lane first gets a row, while
+// the batch has room for one per lane, so that a lane that was empty is
+// claimed from at once when rows arrive, and the rest goes by demand; the
+// quotas then add up to the batch size, so that the claim reads its batch
+// and nothing more whatever the number of lanes. With no demand seen (the
+// first claim, or the last one found nothing) every lane gets the whole
+// batch size and claim cuts the rows to it in id order. Either way the
+// claim takes each lane's first rows, so per-key order holds without
+// sorting the lanes' rows together in the database.
+func (l *loop) quotas() (lanes, quotas []int) {
+	owned := l.s.owned
+	n := len(owned)
+	weights := make([]int, n)
+	total := 0
+	for i, lane := range owned {
+		weights[i] = l.demand[lane]
+		total += weights[i]
+	}
+	if total == 0 {
+		quotas = make([]int, n)
+		for i := range quotas {
+			quotas[i] = l.limit
+		}
+		return owned, quotas
+	}
+	q := make([]int, n)
+	left := l.limit
+	if left >= n {
+		for i := range q {
+			q[i] = 1
+		}
+		left -= n
+	}
+	given := 0
+	for i := range q {
+		share := left * weights[i] / total
+		q[i] += share
+		given += share
+	}
+	// What rounding left over goes one row a lane, starting at a lane that
+	// moves on at every claim.
+	for k := 0; given < left; k++ {
+		q[(l.turn+k)%n]++
+		given++
+	}
+	l.turn = (l.turn + 1) % n
+	lanes, quotas = make([]int, 0, n), make([]int, 0, n)
+	for i, lane := range owned {
+		if q[i] > 0 {
+			lanes = append(lanes, lane)
+			quotas = append(quotas, q[i])
+		}
+	}
+	return lanes, quotas
+}
+
+// noteDemand records what each lane gave the batch, twice that for a lane
+// that gave its whole quota (it may hold more), for the next quotas; it
+// reports whether any lane did, that is whether rows may be waiting
+// beyond the batch.
+func (l *loop) noteDemand(batch []claimed, lanes, quotas []int) bool {
+	got := make(map[int]int, len(lanes))
+	for i := range batch {
+		got[batch[i].Lane]++
+	}
+	clear(l.demand)
+	if l.demand == nil {
+		l.demand = make(map[int]int, len(lanes))
+	}
+	more := false
+	for i, lane := range lanes {
+		d := got[lane]
+		if d >= quotas[i] {
+			more = true
+			d *= 2
+		}
+		l.demand[lane] = d
+	}
+	return more
 }
 
 func rowsOf(batch []claimed) []Row {

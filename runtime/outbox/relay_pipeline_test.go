@@ -121,3 +121,30 @@ func TestRelayShutdownGraceWaitsForAcks(t *testing.T) {
 		})
 	}
 }
+
+// TestRelayFillsBatchesFromOneHotLane: every event has the same key, so one
+// lane of the sixteen the relay owns holds the whole backlog. The claim
+// splits its batch among the lanes by the demand it saw (loop.quotas); the
+// hot lane's share must grow to the whole batch but the one row kept for
+// each other lane (so that rows arriving there go out at once), rather than
+// stay at an even split, and the key's order holds.
+func TestRelayFillsBatchesFromOneHotLane(t *testing.T) {
+	t.Parallel()
+	b := setup(t, false, 3)
+	const batch = 200
+	evs, want := sequence(b.d, 2000, 1)
+	b.write(t, evs)
+	var largest atomic.Int32
+	b.startRelay(t, WithBatchSize(batch), WithHooks(Hooks{AfterClaim: func(_ context.Context, rows []Row) {
+		if n := int32(len(rows)); n > largest.Load() {
+			largest.Store(n)
+		}
+	}}))
+	b.waitDrained(t, 60*time.Second)
+	if got, min := largest.Load(), int32(batch-(DefaultLanes-1)); got < min {
+		t.Fatalf("largest batch from one hot lane: %d rows, want at least %d (the batch size but one row for each other lane)", got, min)
+	}
+	if dups := checkDelivery(t, b.readAll(t), want); dups != 0 {
+		t.Fatalf("%d duplicates without any failure", dups)
+	}
+}
