@@ -218,12 +218,15 @@ func TestMigrateUpgradesUniqueEventID(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// The index definitions are read for this table's indexes only:
+	// pg_indexes decodes every index of the database, and one that a
+	// parallel test drops meanwhile fails the query.
 	var uniques, rows, fixedIdx int
 	if err := pool.QueryRow(ctx, `SELECT
 		(SELECT count(*) FROM pg_constraint WHERE conrelid = 'outbox'::regclass AND contype = 'u'),
 		(SELECT count(*) FROM outbox WHERE NOT fixed_event_id),
-		(SELECT count(*) FROM pg_indexes WHERE tablename = 'outbox' AND schemaname = current_schema()
-			AND indexdef LIKE 'CREATE UNIQUE INDEX%(event_id) WHERE fixed_event_id')`).Scan(&uniques, &rows, &fixedIdx); err != nil {
+		(SELECT count(*) FROM (SELECT indexrelid FROM pg_index WHERE indrelid = 'outbox'::regclass AND indisunique OFFSET 0) i
+			WHERE pg_get_indexdef(i.indexrelid) LIKE '%(event_id) WHERE fixed_event_id')`).Scan(&uniques, &rows, &fixedIdx); err != nil {
 		t.Fatal(err)
 	}
 	if uniques != 0 || rows != 1 || fixedIdx != 1 {

@@ -777,6 +777,10 @@ func (l *loop) claim(ctx context.Context, inFlight []claimed) ([]claimed, error)
 	slices.SortFunc(batch, func(a, b claimed) int { return cmp.Compare(a.ID, b.ID) })
 	more := l.noteDemand(batch, lanes, quotas)
 	if len(batch) > l.limit {
+		// Every lane was asked for the whole batch size, and together they
+		// hold more: a backlog, so the batch grows to what it may hold at
+		// once rather than doubling claim by claim.
+		l.limit = min(len(batch), l.r.cfg.batchSize)
 		batch = batch[:l.limit]
 	}
 	switch n := len(batch); {

@@ -408,19 +408,23 @@ func scanHeaders(s string) (hs []kafka.Header, ok bool) {
 		return []kafka.Header{}, p.end()
 	}
 	hs = make([]kafka.Header, 0, 8)
+	// The values share one copy of the text (kafka-go only reads them):
+	// one allocation a row rather than one a header.
+	b := []byte(s)
 	for {
 		if !p.eat('[') {
 			return nil, false
 		}
-		k, ok1 := p.str()
+		k, _, ok1 := p.str()
 		if !ok1 || !p.eat(',') {
 			return nil, false
 		}
-		v, ok2 := p.str()
+		v, at, ok2 := p.str()
 		if !ok2 || !p.eat(']') {
 			return nil, false
 		}
-		hs = append(hs, kafka.Header{Key: k, Value: []byte(v)})
+		end := at + len(v)
+		hs = append(hs, kafka.Header{Key: k, Value: b[at:end:end]})
 		if p.eat(']') {
 			return hs, p.end()
 		}
@@ -452,23 +456,24 @@ func (p *headerScanner) eat(c byte) bool {
 	return false
 }
 
-// str reads a string without escapes or control characters.
-func (p *headerScanner) str() (string, bool) {
+// str reads a string without escapes or control characters, and returns
+// it with its offset in the text.
+func (p *headerScanner) str() (string, int, bool) {
 	if !p.eat('"') {
-		return "", false
+		return "", 0, false
 	}
 	start := p.i
 	for p.i < len(p.s) {
 		switch c := p.s[p.i]; {
 		case c == '"':
 			p.i++
-			return p.s[start : p.i-1], true
+			return p.s[start : p.i-1], start, true
 		case c == '\\' || c < 0x20:
-			return "", false
+			return "", 0, false
 		}
 		p.i++
 	}
-	return "", false
+	return "", 0, false
 }
 
 // end reports whether only white space is left.

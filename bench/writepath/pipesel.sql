@@ -1,0 +1,7 @@
+\set n random(1, 1000000000)
+BEGIN;
+INSERT INTO orders (order_id, customer, amount_cents) VALUES ('o-' || :n, 'customer-1', :n);
+\startpipeline
+SELECT 1;
+COMMIT;
+\endpipeline
