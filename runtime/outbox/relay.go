@@ -797,9 +797,10 @@ func (l *loop) claim(ctx context.Context, inFlight []claimed) ([]claimed, error)
 
 // quotas splits the batch size among the owned lanes: how many rows the
 // claim reads from each (lanes with none are left out). It follows the
-// demand the last claim saw (noteDemand): each lane first gets a row, while
-// the batch has room for one per lane, so that a lane that was empty is
-// claimed from at once when rows arrive, and the rest goes by demand; the
+// demand the last claim saw (noteDemand): each lane first gets a row (with
+// more lanes than rows, lanes in turn get half the batch a row each), so
+// that a lane that was empty is claimed from soon when rows arrive, and
+// the rest goes by demand; the
 // quotas then add up to the batch size, so that the claim reads its batch
 // and nothing more whatever the number of lanes. With no demand seen (the
 // first claim, or the last one found nothing) every lane gets the whole
@@ -824,25 +825,29 @@ func (l *loop) quotas() (lanes, quotas []int) {
 	}
 	q := make([]int, n)
 	left := l.limit
-	if left >= n {
-		for i := range q {
-			q[i] = 1
-		}
-		left -= n
+	// One row a lane; with more lanes than the batch holds, half the batch
+	// one row a lane to lanes taken in turn, so no lane waits for the busy
+	// ones to run dry.
+	reserve := n
+	if left < n {
+		reserve = left / 2
 	}
+	for k := range reserve {
+		q[(l.turn+k)%n]++
+	}
+	left -= reserve
 	given := 0
 	for i := range q {
 		share := left * weights[i] / total
 		q[i] += share
 		given += share
 	}
-	// What rounding left over goes one row a lane, starting at a lane that
-	// moves on at every claim.
+	// What rounding left over goes one row a lane, from the next turn on.
 	for k := 0; given < left; k++ {
-		q[(l.turn+k)%n]++
+		q[(l.turn+reserve+k)%n]++
 		given++
 	}
-	l.turn = (l.turn + 1) % n
+	l.turn = (l.turn + reserve + 1) % n
 	lanes, quotas = make([]int, 0, n), make([]int, 0, n)
 	for i, lane := range owned {
 		if q[i] > 0 {
