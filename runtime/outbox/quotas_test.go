@@ -4,67 +4,100 @@ import (
 	"testing"
 )
 
-// TestQuotasSplitTheBatchByDemand pins the claim's per-lane quotas: every
-// lane is asked for the whole batch while no demand is known; afterwards
-// the quotas add up to the batch, every lane keeps a row, and a lane that
-// filled its quota gets the most; with more lanes than the batch holds,
-// every lane still comes round while one lane is busy.
-func TestQuotasSplitTheBatchByDemand(t *testing.T) {
-	owned := []int{0, 1, 2, 3, 4, 5, 6, 7}
-	l := &loop{s: &session{owned: owned}, limit: 64}
-
-	lanes, quotas := l.quotas()
-	if len(lanes) != len(owned) {
-		t.Fatalf("no demand known: lanes %v, want all %v", lanes, owned)
-	}
-	for i, q := range quotas {
-		if q != l.limit {
-			t.Fatalf("no demand known: lane %d quota %d, want the batch size %d", lanes[i], q, l.limit)
-		}
-	}
-
-	// Lane 3 gave its whole quota, lane 5 a few rows, the others none.
-	l.demand = map[int]int{3: 2 * 64, 5: 3}
-	lanes, quotas = l.quotas()
-	sum, byLane := 0, map[int]int{}
-	for i, q := range quotas {
-		sum += q
-		byLane[lanes[i]] = q
-	}
-	if sum != l.limit {
-		t.Fatalf("quotas %v over lanes %v add up to %d, want the batch size %d", quotas, lanes, sum, l.limit)
-	}
-	for _, lane := range owned {
-		if byLane[lane] < 1 {
-			t.Fatalf("lane %d got no row: %v", lane, byLane)
-		}
-	}
-	if byLane[3] <= byLane[5] || byLane[5] < byLane[0] {
-		t.Fatalf("quotas do not follow the demand (lane 3 busy, lane 5 some, lane 0 none): %v", byLane)
-	}
-
-	// 100 lanes, a batch of 20, one busy lane: every lane is asked for a
-	// row within a few claims.
-	many := make([]int, 100)
-	for i := range many {
-		many[i] = i
-	}
-	l = &loop{s: &session{owned: many}, limit: 20, demand: map[int]int{42: 40}}
-	seen := map[int]bool{}
-	for range 20 {
+// simulateClaims runs claims of loop l's quotas against per-lane backlogs
+// (pending, by lane), adding arrive[lane] rows after each claim, and
+// returns the rows each lane gave in every claim.
+func simulateClaims(l *loop, pending, arrive map[int]int, claims int) []map[int]int {
+	var out []map[int]int
+	for range claims {
 		lanes, quotas := l.quotas()
 		sum := 0
-		for i, q := range quotas {
-			sum += q
-			if q > 0 {
-				seen[lanes[i]] = true
+		var batch []claimed
+		gave := map[int]int{}
+		for i, lane := range lanes {
+			sum += quotas[i]
+			n := min(pending[lane], quotas[i])
+			pending[lane] -= n
+			gave[lane] = n
+			for range n {
+				batch = append(batch, claimed{Row: Row{Lane: lane}})
 			}
 		}
-		if sum != l.limit {
-			t.Fatalf("quotas add up to %d, want %d", sum, l.limit)
+		l.noteDemand(batch, lanes, quotas)
+		for lane, n := range arrive {
+			pending[lane] += n
+		}
+		out = append(out, gave)
+	}
+	return out
+}
+
+// TestQuotasFollowTheDemand pins the claim's per-lane quotas against
+// simulated backlogs: they add up to the batch once demand is known; one
+// hot lane fills the batch but for a row per other lane; a lane that turns
+// busy beside a hot one gets an even share at once and keeps up with its
+// arrivals; and with more lanes than the batch holds, every lane comes
+// round while one lane is busy.
+func TestQuotasFollowTheDemand(t *testing.T) {
+	lanes16 := make([]int, 16)
+	for i := range lanes16 {
+		lanes16[i] = i
+	}
+
+	// No demand known: every lane gets twice its share, at least
+	// minLaneQuota.
+	l := &loop{s: &session{owned: lanes16}, limit: 64}
+	if _, quotas := l.quotas(); quotas[0] != minLaneQuota {
+		t.Fatalf("no demand known: quota %d, want %d", quotas[0], minLaneQuota)
+	}
+
+	// One hot lane: after a few claims it gets the batch but one row per
+	// other lane, and the quotas add up to the batch.
+	l = &loop{s: &session{owned: lanes16}, limit: 500}
+	pending := map[int]int{0: 1 << 30}
+	gave := simulateClaims(l, pending, nil, 5)
+	if got, want := gave[4][0], 500-15; got != want {
+		t.Fatalf("hot lane gave %d rows in the 5th claim, want %d: %v", got, want, gave)
+	}
+
+	// Lane 1 turns busy beside it (50 rows a claim, 2,000 waiting): its
+	// backlog must drain within a few claims, not crawl.
+	pending[1] = 2000
+	gave = simulateClaims(l, pending, map[int]int{1: 50}, 20)
+	if pending[1] > 50 {
+		t.Fatalf("lane 1 still holds %d rows after 20 claims beside a hot lane: %v", pending[1], gave)
+	}
+	if gave[19][0] < 200 {
+		t.Fatalf("the hot lane fell to %d rows a claim: %v", gave[19][0], gave[19])
+	}
+
+	// Trickle: a few rows here and there never fill a quota, so the
+	// quotas stay spread over every lane.
+	l = &loop{s: &session{owned: lanes16}, limit: 64}
+	simulateClaims(l, map[int]int{3: 2, 9: 1}, map[int]int{3: 2, 9: 1}, 5)
+	for lane, d := range l.demand {
+		if d.full {
+			t.Fatalf("trickle: lane %d filled its quota (%+v)", lane, l.demand)
 		}
 	}
-	if len(seen) != len(many) {
-		t.Fatalf("after 20 claims %d of %d lanes were asked for a row", len(seen), len(many))
+
+	// More lanes than the batch holds, one busy lane: every lane is asked
+	// for a row within a few claims, whatever the lane count.
+	for _, n := range []int{30, 100, 128} {
+		many := make([]int, n)
+		for i := range many {
+			many[i] = i
+		}
+		l := &loop{s: &session{owned: many}, limit: 20}
+		seen := map[int]bool{}
+		p := map[int]int{0: 1 << 30}
+		for _, g := range simulateClaims(l, p, nil, 2*n) {
+			for lane := range g {
+				seen[lane] = true
+			}
+		}
+		if len(seen) != n {
+			t.Fatalf("%d lanes, batch 20: %d lanes asked for a row in %d claims", n, len(seen), 2*n)
+		}
 	}
 }

@@ -393,10 +393,9 @@ type loop struct {
 	fast int
 	// limit is the adaptive batch size; poll the next idle poll delay.
 	limit int
-	// demand is what each owned lane gave the last claim (twice that if
-	// it gave its whole quota), which the next quotas follow; turn is the
-	// lane that gets the first of the rows left over by rounding.
-	demand map[int]int
+	// demand is what each owned lane gave the last claim, which the next
+	// quotas follow; turn is where the lanes taken in turn start.
+	demand map[int]laneDemand
 	turn   int
 	poll   time.Duration
 	// parked are keys whose partition refused them recently: the claim
@@ -796,38 +795,41 @@ func (l *loop) claim(ctx context.Context, inFlight []claimed) ([]claimed, error)
 }
 
 // quotas splits the batch size among the owned lanes: how many rows the
-// claim reads from each (lanes with none are left out). It follows the
-// demand the last claim saw (noteDemand): each lane first gets a row (with
-// more lanes than rows, lanes in turn get half the batch a row each), so
-// that a lane that was empty is claimed from soon when rows arrive, and
-// the rest goes by demand; the
-// quotas then add up to the batch size, so that the claim reads its batch
-// and nothing more whatever the number of lanes. With no demand seen (the
-// first claim, or the last one found nothing) every lane gets the whole
-// batch size and claim cuts the rows to it in id order. Either way the
-// claim takes each lane's first rows, so per-key order holds without
-// sorting the lanes' rows together in the database.
+// claim reads from each (lanes with none are left out). Every set of
+// per-lane quotas keeps per-key order, since the claim takes each lane's
+// first rows; so the quotas follow the demand the last claim saw
+// (noteDemand), in three parts that add up to the batch size:
+//
+//   - one row a lane, so that rows arriving in an idle lane go out at the
+//     next claim (with more lanes than the batch holds, half the batch,
+//     one row a lane to lanes taken in turn);
+//   - to each lane that gave fewer rows than its quota, as many as it gave
+//     (what arrives there between claims);
+//   - the rest evenly to the lanes that gave their whole quota (they hold
+//     more), or to every lane if none did.
+//
+// So a claim reads its batch and nothing more, a lane that turns busy
+// shares the batch with the others at the next claim, and a backlog in
+// one lane fills the batch but for one row per other lane. With no demand
+// seen (the first claim, or one after an empty claim) every lane gets
+// twice its even share (at least minLaneQuota, at most the batch size),
+// and claim cuts the rows to the batch size in id order.
 func (l *loop) quotas() (lanes, quotas []int) {
 	owned := l.s.owned
 	n := len(owned)
-	weights := make([]int, n)
-	total := 0
-	for i, lane := range owned {
-		weights[i] = l.demand[lane]
-		total += weights[i]
+	if n == 0 {
+		return nil, nil
 	}
-	if total == 0 {
+	if len(l.demand) == 0 {
+		q := min(l.limit, max(minLaneQuota, (2*l.limit+n-1)/n))
 		quotas = make([]int, n)
 		for i := range quotas {
-			quotas[i] = l.limit
+			quotas[i] = q
 		}
 		return owned, quotas
 	}
 	q := make([]int, n)
 	left := l.limit
-	// One row a lane; with more lanes than the batch holds, half the batch
-	// one row a lane to lanes taken in turn, so no lane waits for the busy
-	// ones to run dry.
 	reserve := n
 	if left < n {
 		reserve = left / 2
@@ -836,18 +838,31 @@ func (l *loop) quotas() (lanes, quotas []int) {
 		q[(l.turn+k)%n]++
 	}
 	left -= reserve
-	given := 0
-	for i := range q {
-		share := left * weights[i] / total
+	var full []int
+	for i, lane := range owned {
+		switch d, ok := l.demand[lane]; {
+		case ok && d.full:
+			full = append(full, i)
+		case ok && left > 0:
+			give := min(d.got, left)
+			q[i] += give
+			left -= give
+		}
+	}
+	if len(full) == 0 {
+		full = make([]int, n)
+		for i := range full {
+			full[i] = i
+		}
+	}
+	share, extra := left/len(full), left%len(full)
+	for k, i := range full {
 		q[i] += share
-		given += share
+		if (k+l.turn)%len(full) < extra {
+			q[i]++
+		}
 	}
-	// What rounding left over goes one row a lane, from the next turn on.
-	for k := 0; given < left; k++ {
-		q[(l.turn+reserve+k)%n]++
-		given++
-	}
-	l.turn = (l.turn + reserve + 1) % n
+	l.turn = (l.turn + max(reserve, 1)) % n
 	lanes, quotas = make([]int, 0, n), make([]int, 0, n)
 	for i, lane := range owned {
 		if q[i] > 0 {
@@ -858,26 +873,36 @@ func (l *loop) quotas() (lanes, quotas []int) {
 	return lanes, quotas
 }
 
-// noteDemand records what each lane gave the batch, twice that for a lane
-// that gave its whole quota (it may hold more), for the next quotas; it
-// reports whether any lane did, that is whether rows may be waiting
-// beyond the batch.
+// minLaneQuota is the least a lane is asked for when no demand is known:
+// reading a few more rows of each lane costs less than the round trip of
+// a claim that a tiny quota would leave short.
+const minLaneQuota = 32
+
+// laneDemand is what one lane gave the last claim.
+type laneDemand struct {
+	got  int
+	full bool // it gave its whole quota: it may hold more
+}
+
+// noteDemand records what each lane gave the batch, for the next quotas
+// (an empty claim forgets the demand); it reports whether any lane gave
+// its whole quota, that is whether rows may be waiting beyond the batch.
 func (l *loop) noteDemand(batch []claimed, lanes, quotas []int) bool {
 	got := make(map[int]int, len(lanes))
 	for i := range batch {
 		got[batch[i].Lane]++
 	}
 	clear(l.demand)
+	if len(batch) == 0 {
+		return false
+	}
 	if l.demand == nil {
-		l.demand = make(map[int]int, len(lanes))
+		l.demand = make(map[int]laneDemand, len(lanes))
 	}
 	more := false
 	for i, lane := range lanes {
-		d := got[lane]
-		if d >= quotas[i] {
-			more = true
-			d *= 2
-		}
+		d := laneDemand{got: got[lane], full: got[lane] >= quotas[i]}
+		more = more || d.full
 		l.demand[lane] = d
 	}
 	return more

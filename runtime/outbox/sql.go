@@ -44,8 +44,8 @@ WHERE c.oid = to_regclass($1)`
 	// the planner preferred filtering the primary key's order), and a
 	// bitmap scan, the planner's choice when an analyzed lane holds about
 	// a batch, reads the lane's every pending row and every index entry
-	// the marks left dead, at every claim (docs/design.md, "The relay's
-	// plans").
+	// the marks left dead, at every claim (docs/design.md, "Claims by
+	// per-lane quotas; the relay session's plans").
 	sqlSessionSettings = `SET idle_in_transaction_session_timeout = '5min'; SET synchronous_commit = off;
 SET random_page_cost = 1.1; SET enable_bitmapscan = off;
 SET tcp_keepalives_idle = 30; SET tcp_keepalives_interval = 10; SET tcp_keepalives_count = 3;
@@ -109,9 +109,10 @@ ORDER BY n`, table),
 		// The head of the relay's lanes: the first pending rows of each
 		// lane $1, as many as its quota $2 (the pending index on (lane, id)
 		// gives them in order and stops), without the rows of the batch in
-		// flight ($3). The quotas add up to the batch (loop.quotas), so the
-		// claim reads its batch and nothing more; the rows come lane after
-		// lane and the relay puts them in id order. Always from the head: a
+		// flight ($3). Once the demand is known the quotas add up to the
+		// batch (loop.quotas), so the claim reads its batch and nothing
+		// more; the rows come lane after lane and the relay puts them in id
+		// order. Always from the head: a
 		// row that became visible late (its transaction committed after a
 		// later row was claimed) or a key whose parking ended is taken
 		// before the later rows of its key. No row locks: lanes are owned
