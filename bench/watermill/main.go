@@ -20,7 +20,6 @@ import (
 	"runtime/pprof"
 	"sort"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -127,21 +126,23 @@ func inOrder(aFirst bool, a, b func() error) error {
 func drainRound(ctx context.Context, e *env, c config, res results, oursFirst bool) error {
 	oursRun := func() error {
 		return e.withOurs(ctx, "wmb_ours", func(o *ours) error {
-			v, err := o.drain(ctx, e.brokers, c.events, c.workers)
+			r, err := o.drain(ctx, e.brokers, c.events, c.workers)
 			if err != nil {
 				return err
 			}
-			res.add("drain/ours", "events/s", v)
+			res.add("drain/ours", "events/s", r.rate)
+			res.add("drain/ours", "setup-ms", float64(r.setup.Microseconds())/1000)
 			return nil
 		})
 	}
 	wmRun := func() error {
 		return e.withWM(ctx, "wmb_wm", func(w *wm) error {
-			v, err := w.drain(ctx, e.brokers, c.events)
+			r, err := w.drain(ctx, e.brokers, c.events)
 			if err != nil {
 				return err
 			}
-			res.add("drain/watermill", "events/s", v)
+			res.add("drain/watermill", "events/s", r.rate)
+			res.add("drain/watermill", "setup-ms", float64(r.setup.Microseconds())/1000)
 			return nil
 		})
 	}
@@ -264,7 +265,7 @@ func e2eRound(ctx context.Context, e *env, c config, res results, oursFirst bool
 					producer{begin: outbox.BeginFunc, publish: func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
 						return o.publish(ctx, tx, d, ord)
 					}},
-					func(n *atomic.Int64) (func() error, error) { return o.startRelay(e.brokers, 1, n) })
+					func(p *progress) (func() error, error) { return o.startRelay(e.brokers, 1, p) })
 				if err != nil {
 					return fmt.Errorf("ours at %d/s: %w", rate, err)
 				}
@@ -281,7 +282,7 @@ func e2eRound(ctx context.Context, e *env, c config, res results, oursFirst bool
 					producer{publish: func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
 						return w.publish(ctx, tx, topic, ord)
 					}},
-					func(n *atomic.Int64) (func() error, error) { return w.startForwarder(e.brokers, n) })
+					func(p *progress) (func() error, error) { return w.startForwarder(e.brokers, p) })
 				if err != nil {
 					return fmt.Errorf("watermill at %d/s: %w", rate, err)
 				}

@@ -142,6 +142,19 @@ func claimAndMark(ctx context.Context, o *ours, n, conns int) (float64, error) {
 	if err := o.s.analyze(ctx); err != nil {
 		return 0, err
 	}
+	// Its connections are opened before the clock starts, as the relay's
+	// set-up is left out of its rate.
+	held := make([]*pgxpool.Conn, conns)
+	for i := range held {
+		c, err := o.s.pool.Acquire(ctx)
+		if err != nil {
+			return 0, fmt.Errorf("claim and mark: %w", err)
+		}
+		held[i] = c
+	}
+	for _, c := range held {
+		c.Release()
+	}
 	var (
 		total atomic.Int64
 		wg    sync.WaitGroup
@@ -197,31 +210,55 @@ func claimAndMark(ctx context.Context, o *ours, n, conns int) (float64, error) {
 	return float64(n) / elapsed.Seconds(), nil
 }
 
+// progress is what a relay (or forwarder) under measurement reports: the
+// events it delivered, and when its set-up ended (for our relay, when it
+// took its lanes; for the Forwarder, when it handled its first message).
+type progress struct {
+	delivered atomic.Int64
+	ready     atomic.Int64 // Unix ns; 0 until set
+}
+
+// markReady records the end of the set-up, the first time only.
+func (p *progress) markReady() { p.ready.CompareAndSwap(0, time.Now().UnixNano()) }
+
+// drainResult is one drain: its rate once set up, and how long the set-up
+// took.
+type drainResult struct {
+	rate  float64 // events/s from the end of the set-up to the last delivery
+	setup time.Duration
+}
+
 // timeDrain starts a relay (or forwarder) on a pre-filled outbox of n
-// events for topic and returns the events/s until it has delivered them
-// all, start-up included; it then checks the records are on the topic.
-// start's counter counts the events delivered; what names the system in
-// errors; timeout bounds the wait.
+// events for topic and measures the rate at which it delivers them all,
+// from the end of its set-up (connections opened, lanes taken): the
+// claim-and-mark baseline opens its connections before its clock starts,
+// so set-up is left out on every side and reported apart. It then checks
+// the records are on the topic. what names the system in errors; timeout
+// bounds the wait.
 func timeDrain(ctx context.Context, brokers []string, topic string, n int, what string, timeout time.Duration,
-	start func(*atomic.Int64) (func() error, error)) (float64, error) {
-	var delivered atomic.Int64
+	start func(*progress) (func() error, error)) (drainResult, error) {
+	var p progress
 	began := time.Now()
-	stop, err := start(&delivered)
+	stop, err := start(&p)
 	if err != nil {
-		return 0, err
+		return drainResult{}, err
 	}
-	err = waitFor(ctx, timeout, func() bool { return delivered.Load() >= int64(n) })
-	elapsed := time.Since(began)
+	err = waitFor(ctx, timeout, func() bool { return p.delivered.Load() >= int64(n) })
+	end := time.Now()
 	if serr := stop(); err == nil {
 		err = serr
 	}
 	if err != nil {
-		return 0, fmt.Errorf("%s: %d of %d delivered: %w", what, delivered.Load(), n, err)
+		return drainResult{}, fmt.Errorf("%s: %d of %d delivered: %w", what, p.delivered.Load(), n, err)
 	}
 	if got, err := topicRecords(ctx, brokers, topic); err != nil || got < int64(n) {
-		return 0, fmt.Errorf("%s: %d of %d records on the topic (%v)", what, got, n, err)
+		return drainResult{}, fmt.Errorf("%s: %d of %d records on the topic (%v)", what, got, n, err)
 	}
-	return float64(n) / elapsed.Seconds(), nil
+	ready := time.Unix(0, p.ready.Load())
+	if p.ready.Load() == 0 || ready.Before(began) || !ready.Before(end) {
+		return drainResult{}, fmt.Errorf("%s: no end of set-up reported within the drain", what)
+	}
+	return drainResult{rate: float64(n) / end.Sub(ready).Seconds(), setup: ready.Sub(began)}, nil
 }
 
 // e2eResult is one end-to-end run.
@@ -235,7 +272,7 @@ type e2eResult struct {
 // (rate in total, catching up without sleeping when behind), the relay (or
 // forwarder) runs, and a plain Kafka consumer stamps each arrival.
 func endToEnd(ctx context.Context, brokers []string, topic string, rate, producers int, dur time.Duration, s *schema,
-	publish producer, startRelay func(*atomic.Int64) (func() error, error)) (e2eResult, error) {
+	publish producer, startRelay func(*progress) (func() error, error)) (e2eResult, error) {
 	const warm = 20
 	total := int(float64(rate) * dur.Seconds())
 	sent := make([]atomic.Int64, warm+total)
@@ -272,7 +309,7 @@ func endToEnd(ctx context.Context, brokers []string, topic string, rate, produce
 	}()
 	defer func() { stopConsumer(); <-consumed; cl.Close() }()
 
-	var relayed atomic.Int64
+	var relayed progress
 	stop, err := startRelay(&relayed)
 	if err != nil {
 		return e2eResult{}, err

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -75,9 +74,17 @@ func (o *ours) prefill(ctx context.Context, d *events.Descriptor, n int) error {
 
 // startRelay runs a relay with its defaults but the given lane workers;
 // published counts the rows it marked. stop cancels it and waits.
-func (o *ours) startRelay(brokers []string, workers int, published *atomic.Int64) (stop func() error, err error) {
+func (o *ours) startRelay(brokers []string, workers int, p *progress) (stop func() error, err error) {
 	r, err := outbox.NewRelay(o.s.pool, brokers, outbox.WithLogger(quietLogger()), outbox.WithWorkers(workers),
-		outbox.WithMetrics(outbox.Metrics{Published: func(n int) { published.Add(int64(n)) }}))
+		outbox.WithMetrics(outbox.Metrics{
+			Published: func(n int) { p.delivered.Add(int64(n)) },
+			// Set up once a session holds lanes: the claims start.
+			Lanes: func(owned int) {
+				if owned > 0 {
+					p.markReady()
+				}
+			},
+		}))
 	if err != nil {
 		return nil, err
 	}
@@ -91,21 +98,21 @@ func (o *ours) startRelay(brokers []string, workers int, published *atomic.Int64
 // (outbox.WithWorkers; -workers, default 4, as a user draining a backlog
 // from one relay on a small machine would set it), empties an outbox of n
 // events.
-func (o *ours) drain(ctx context.Context, brokers []string, n, workers int) (float64, error) {
+func (o *ours) drain(ctx context.Context, brokers []string, n, workers int) (drainResult, error) {
 	topic := "ours-drain-" + suffix()
 	if err := createTopics(ctx, brokers, topic); err != nil {
-		return 0, err
+		return drainResult{}, err
 	}
 	d := descriptorFor(topic)
 	if err := o.prefill(ctx, d, n); err != nil {
-		return 0, err
+		return drainResult{}, err
 	}
 	if err := o.s.analyze(ctx); err != nil {
-		return 0, err
+		return drainResult{}, err
 	}
 	return timeDrain(ctx, brokers, topic, n, "our relay", 2*time.Minute,
-		func(published *atomic.Int64) (func() error, error) {
-			return o.startRelay(brokers, workers, published)
+		func(p *progress) (func() error, error) {
+			return o.startRelay(brokers, workers, p)
 		})
 }
 

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -136,7 +135,7 @@ func wmKafkaPublisher(brokers []string) (*wmkafka.Publisher, error) {
 // startForwarder runs Watermill's Forwarder: the SQL subscriber on the
 // forwarder topic, each message unwrapped and sent with the Kafka
 // publisher; forwarded counts the messages whose publish returned.
-func (w *wm) startForwarder(brokers []string, forwarded *atomic.Int64) (stop func() error, err error) {
+func (w *wm) startForwarder(brokers []string, p *progress) (stop func() error, err error) {
 	sub, err := wmsql.NewSubscriber(wmsql.BeginnerFromPgx(w.s.pool), wmsql.SubscriberConfig{
 		SchemaAdapter:    w.schema,
 		OffsetsAdapter:   wmsql.DefaultPostgreSQLOffsetsAdapter{},
@@ -154,9 +153,10 @@ func (w *wm) startForwarder(brokers []string, forwarded *atomic.Int64) (stop fun
 	}
 	count := func(h message.HandlerFunc) message.HandlerFunc {
 		return func(m *message.Message) ([]*message.Message, error) {
+			p.markReady() // set up: its first message is in hand
 			out, err := h(m)
 			if err == nil {
-				forwarded.Add(1)
+				p.delivered.Add(1)
 			}
 			return out, err
 		}
@@ -182,19 +182,19 @@ func (w *wm) startForwarder(brokers []string, forwarded *atomic.Int64) (stop fun
 }
 
 // drain measures how fast the Forwarder empties a table of n messages.
-func (w *wm) drain(ctx context.Context, brokers []string, n int) (float64, error) {
+func (w *wm) drain(ctx context.Context, brokers []string, n int) (drainResult, error) {
 	topic := "wm-drain-" + suffix()
 	if err := createTopics(ctx, brokers, topic); err != nil {
-		return 0, err
+		return drainResult{}, err
 	}
 	if err := w.prefill(ctx, topic, n); err != nil {
-		return 0, err
+		return drainResult{}, err
 	}
 	if err := w.s.analyze(ctx); err != nil {
-		return 0, err
+		return drainResult{}, err
 	}
 	return timeDrain(ctx, brokers, topic, n, "watermill forwarder", 5*time.Minute,
-		func(forwarded *atomic.Int64) (func() error, error) { return w.startForwarder(brokers, forwarded) })
+		func(p *progress) (func() error, error) { return w.startForwarder(brokers, p) })
 }
 
 // consume measures a Watermill router on the Kafka subscriber with the
