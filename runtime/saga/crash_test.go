@@ -20,6 +20,7 @@ import (
 
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/events"
+	"github.com/protoevents/protoevents/runtime/outbox"
 )
 
 // Environment of the orchestrator child process of TestOrchestratorKilled.
@@ -159,8 +160,18 @@ func TestOrchestratorKilled(t *testing.T) {
 				t.Fatalf("%s: %s at %s after %d orchestrator processes, path %v\n%s", id, info.Status, info.StepName, round, wd.transitions(t, id), logs.String())
 			}
 			cmd, exited := spawn()
+			// A child that neither dies at its crash point nor sees the
+			// saga end within a minute is a stall: fail with what there is
+			// to see rather than wait for the test binary's timeout.
+			stalled := time.After(time.Minute)
 			for waiting := true; waiting; {
 				select {
+				case <-stalled:
+					_ = cmd.Process.Kill()
+					<-exited
+					info, _ := Get(context.Background(), wd.pool, id)
+					st, _ := outbox.Status(context.Background(), wd.pool)
+					t.Fatalf("%s: stalled for a minute in orchestrator process %d at %s %s; outbox %+v; path %v\n%s", id, round+1, info.Status, info.StepName, st, wd.transitions(t, id), logs.String())
 				case err := <-exited:
 					if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGKILL {
 						t.Fatalf("orchestrator exited without being killed: %v\n%s", err, logs.String())
