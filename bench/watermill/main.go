@@ -5,7 +5,7 @@
 // line (BenchmarkWatermill/…) plus the ratios, median and range over the
 // rounds. internal/benchreport reads the lines and checks the targets.
 //
-//	go run . [-rounds 3] [-events 10000] [-workers 2] [-consume 5000] [-write 1s] [-e2e 3s] [-only drain,write,consume,e2e]
+//	go run . [-rounds 3] [-events 20000] [-workers 2] [-consume 5000] [-write 3s] [-e2e 3s] [-only drain,write,consume,e2e] [-cpuprofile file]
 //
 // Postgres is $PROTOEVENTS_TEST_DATABASE_URL or, without it, a throwaway
 // cluster; Kafka is always in-process (kfake). It is its own module so the

@@ -72,8 +72,9 @@ func (o *ours) prefill(ctx context.Context, d *events.Descriptor, n int) error {
 	return nil
 }
 
-// startRelay runs a relay with its defaults but the given lane workers;
-// published counts the rows it marked. stop cancels it and waits.
+// startRelay runs a relay with its defaults but the given lane workers; p
+// counts the rows it marked and records when a session first held lanes.
+// stop cancels it and waits.
 func (o *ours) startRelay(brokers []string, workers int, p *progress) (stop func() error, err error) {
 	r, err := outbox.NewRelay(o.s.pool, brokers, outbox.WithLogger(quietLogger()), outbox.WithWorkers(workers),
 		outbox.WithMetrics(outbox.Metrics{
@@ -95,9 +96,8 @@ func (o *ours) startRelay(brokers []string, workers int, p *progress) (stop func
 }
 
 // drain measures how fast the relay, with the given lane workers
-// (outbox.WithWorkers; -workers, default 4, as a user draining a backlog
-// from one relay on a small machine would set it), empties an outbox of n
-// events.
+// (outbox.WithWorkers; -workers, default 2, the fastest on a 2-core
+// machine), empties an analysed outbox of n events once set up.
 func (o *ours) drain(ctx context.Context, brokers []string, n, workers int) (drainResult, error) {
 	topic := "ours-drain-" + suffix()
 	if err := createTopics(ctx, brokers, topic); err != nil {

@@ -134,7 +134,8 @@ func wmKafkaPublisher(brokers []string) (*wmkafka.Publisher, error) {
 
 // startForwarder runs Watermill's Forwarder: the SQL subscriber on the
 // forwarder topic, each message unwrapped and sent with the Kafka
-// publisher; forwarded counts the messages whose publish returned.
+// publisher; p counts the messages whose publish returned and records
+// when the first one was in hand.
 func (w *wm) startForwarder(brokers []string, p *progress) (stop func() error, err error) {
 	sub, err := wmsql.NewSubscriber(wmsql.BeginnerFromPgx(w.s.pool), wmsql.SubscriberConfig{
 		SchemaAdapter:    w.schema,
