@@ -304,6 +304,11 @@ func (t *PipelineTx) before(ctx context.Context, sql string) error {
 	if len(t.queue) == 0 || !(scopeStatement(sql) || outboxInsert(sql)) {
 		return nil
 	}
+	return t.sendQueue(ctx)
+}
+
+// sendQueue sends the queued rows now, in a flight of their own.
+func (t *PipelineTx) sendQueue(ctx context.Context) error {
 	_, err := t.flush(ctx, sqlNoop)
 	return err
 }

@@ -307,8 +307,7 @@ func (w *Writer) queueRows(ctx context.Context, q rowQueue, rows ...row) error {
 	if !rows[0].fixed {
 		return nil
 	}
-	_, err = p.flush(ctx, sqlNoop)
-	return err
+	return p.sendQueue(ctx)
 }
 
 // publishOptions applies opts and, unless they set a trace parent, takes
