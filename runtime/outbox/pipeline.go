@@ -21,10 +21,24 @@ import (
 // network flight, so a row is written and committed atomically with the
 // business change exactly as with any other transaction.
 //
+// Its BEGIN likewise travels with the first statement (pgx.Batch.BeginTx),
+// where pgx.BeginTx spends a round trip on it: a transaction with one
+// business statement and its events is two round trips, one fewer than
+// the same transaction without events on pgx. Begin sends nothing.
+//
 // Everything else is a plain pgx.Tx: run the business statements on it,
 // hand it to code that takes a pgx.Tx, open savepoints with Begin. What
 // differs, all documented on the methods:
 //
+//   - a BEGIN the database refuses (a malformed pgx.TxOptions.BeginQuery, a
+//     connection lost after Begin) is reported by the first statement,
+//     which then has not run, and by every later one; a transaction that
+//     ran nothing sends nothing at Commit or Rollback;
+//   - the first statement goes to the database as a batch (a pgx tracer
+//     sees a batch), except a statement with pgx options other than a
+//     QueryRewriter (pgx.NamedArgs) and one without arguments holding
+//     several statements: those, CopyFrom, Conn and LargeObjects send the
+//     BEGIN alone first, the last two under the context given to Begin;
 //   - the outbox rows are inserted at Commit, so a query on the outbox
 //     table inside the transaction does not see them, and their ids (the
 //     publish order) are taken at Commit, in the order they were written;
@@ -50,12 +64,22 @@ import (
 // one with BeginFunc.
 type PipelineTx struct {
 	conn    *pgx.Conn
-	tx      pgx.Tx // the BEGIN pgx sent; used for LargeObjects and Rollback
+	opts    pgx.TxOptions
 	release func() // returns a pool connection; nil for BeginConn
 	commit  string // the COMMIT statement (pgx.TxOptions.CommitQuery)
-	queue   []queuedRow
-	nextSP  int64
-	closed  bool
+	// tx is pgx's transaction once the BEGIN has been sent (with the first
+	// statement, by pgx.Batch.BeginTx, or alone); nil before that.
+	tx pgx.Tx
+	// beginCtx is the context given to Begin: the BEGIN goes out under it
+	// when a method without a context (Conn, LargeObjects) needs the
+	// transaction open at once.
+	beginCtx context.Context
+	queue    []queuedRow
+	nextSP   int64
+	closed   bool
+	// broken is why the BEGIN failed: the transaction never opened, and
+	// every later use reports it.
+	broken error
 	// lost is set when queued rows may not have reached the database (a
 	// flush or a savepoint rollback that failed, say on a cancelled
 	// context): the transaction must not commit without them.
@@ -76,7 +100,7 @@ type rowQueue interface {
 
 // Begin acquires a connection from pool and begins a PipelineTx on it with
 // the given options (as pgx's BeginTx); Commit or Rollback returns the
-// connection to the pool.
+// connection to the pool. The BEGIN goes out with the first statement.
 func Begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions) (*PipelineTx, error) {
 	if pool == nil {
 		return nil, errors.New("outbox: begin: nil pool")
@@ -95,7 +119,10 @@ func Begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions) (*Pipeli
 }
 
 // BeginConn begins a PipelineTx on conn with the given options (as pgx's
-// BeginTx). The connection is the caller's: it is not closed at the end.
+// BeginTx). The connection is the caller's: it is not closed at the end
+// (unless a BEGIN sent by Conn or LargeObjects fails, see Conn). A
+// connection already in a transaction is refused: the pipeline's COMMIT
+// would end that transaction too.
 func BeginConn(ctx context.Context, conn *pgx.Conn, opts pgx.TxOptions) (*PipelineTx, error) {
 	if conn == nil {
 		return nil, errors.New("outbox: begin: nil connection")
@@ -103,16 +130,25 @@ func BeginConn(ctx context.Context, conn *pgx.Conn, opts pgx.TxOptions) (*Pipeli
 	return begin(ctx, conn, opts)
 }
 
+// begin prepares a PipelineTx on conn; nothing is sent yet: the BEGIN goes
+// out with the transaction's first statement.
 func begin(ctx context.Context, conn *pgx.Conn, opts pgx.TxOptions) (*PipelineTx, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("outbox: begin: %w", err)
+	}
+	if conn.PgConn().IsClosed() {
+		return nil, errors.New("outbox: begin: the connection is closed")
+	}
+	if conn.PgConn().TxStatus() != 'I' {
+		// pgx would send BEGIN and have Postgres warn; a transaction
+		// already open here would take the pipeline's COMMIT for its own.
+		return nil, errors.New("outbox: begin: the connection is already in a transaction")
+	}
 	commit := opts.CommitQuery
 	if commit == "" {
 		commit = sqlCommit
 	}
-	tx, err := conn.BeginTx(ctx, opts)
-	if err != nil {
-		return nil, fmt.Errorf("outbox: begin: %w", err)
-	}
-	return &PipelineTx{conn: conn, tx: tx, commit: commit}, nil
+	return &PipelineTx{conn: conn, opts: opts, commit: commit, beginCtx: ctx}, nil
 }
 
 // BeginFunc runs fn in a PipelineTx on a connection from pool: it commits
@@ -131,13 +167,79 @@ func BeginFunc(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) error) e
 }
 
 func (t *PipelineTx) pipeline() (*PipelineTx, error) {
-	if t.closed {
-		return nil, pgx.ErrTxClosed
+	if err := t.usable(); err != nil {
+		return nil, err
 	}
 	if t.lost != nil {
 		return nil, t.lost
 	}
 	return t, nil
+}
+
+// usable refuses a transaction that ended or never opened.
+func (t *PipelineTx) usable() error {
+	if t.closed {
+		return pgx.ErrTxClosed
+	}
+	return t.broken
+}
+
+// open sends the BEGIN on its own, unless it went out already: for the
+// statements that cannot carry it (CopyFrom, a statement with pgx options
+// a batch does not take) and for the methods that hand the connection out.
+func (t *PipelineTx) open(ctx context.Context) error {
+	if err := t.usable(); err != nil {
+		return err
+	}
+	if t.tx != nil {
+		return nil
+	}
+	tx, err := t.conn.BeginTx(ctx, t.opts)
+	if err != nil {
+		return t.beginFailed(err)
+	}
+	t.tx = tx
+	return nil
+}
+
+// beginFailed records that the BEGIN failed: the transaction never opened,
+// so the statements meant for it must not run outside it.
+func (t *PipelineTx) beginFailed(err error) error {
+	t.broken = fmt.Errorf("outbox: begin: %w", err)
+	return t.broken
+}
+
+// sendOpening sends b, whose first query is the BEGIN queued by
+// pgx.Batch.BeginTx, and reads the BEGIN's result: the transaction is open
+// and the caller reads the rest of b from br, then closes it.
+func (t *PipelineTx) sendOpening(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, error) {
+	br := t.conn.SendBatch(ctx, b)
+	if _, err := br.Exec(); err != nil {
+		_ = br.Close()
+		return nil, t.beginFailed(err)
+	}
+	t.tx = br.Tx()
+	return br, nil
+}
+
+// canCarryBegin reports whether a statement can be sent in one batch after
+// the BEGIN: pgx batches take no per-query options but a QueryRewriter
+// (pgx.NamedArgs), and a statement without arguments, which pgx would send
+// as a simple query, must be a single statement to be prepared.
+func canCarryBegin(sql string, args []any) bool {
+	for _, a := range args {
+		switch a.(type) {
+		case pgx.QueryRewriter:
+			continue
+		case pgx.QueryExecMode, pgx.QueryResultFormats, pgx.QueryResultFormatsByOID:
+			return false
+		}
+		break
+	}
+	if len(args) == 0 {
+		return !strings.Contains(strings.TrimRight(sql, " \t\r\n;"), ";")
+	}
+	return true
 }
 
 // enqueue adds rows written by w; they are inserted at the next flush.
@@ -176,8 +278,15 @@ func (t *PipelineTx) flush(ctx context.Context, stmt string, args ...any) (tag p
 			t.lost = fmt.Errorf("outbox: queued events were not written, so the transaction cannot commit: %w", err)
 		}
 	}()
+	if t.broken != nil {
+		return pgconn.CommandTag{}, t.broken
+	}
 	runs := t.runs()
 	b := &pgx.Batch{}
+	opening := t.tx == nil
+	if opening {
+		b.BeginTx(t.opts)
+	}
 	for _, run := range runs {
 		rows := make([]row, len(run))
 		for i, q := range run {
@@ -188,7 +297,14 @@ func (t *PipelineTx) flush(ctx context.Context, stmt string, args ...any) (tag p
 	}
 	b.Queue(stmt, args...)
 	t.queue = nil
-	br := t.conn.SendBatch(ctx, b)
+	var br pgx.BatchResults
+	if opening {
+		if br, err = t.sendOpening(ctx, b); err != nil {
+			return pgconn.CommandTag{}, err
+		}
+	} else {
+		br = t.conn.SendBatch(ctx, b)
+	}
 	for _, run := range runs {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
@@ -224,6 +340,14 @@ func (t *PipelineTx) Commit(ctx context.Context) error {
 		// without its events.
 		t.queue = nil
 		return fmt.Errorf("%w: %w", pgx.ErrTxCommitRollback, t.lost)
+	}
+	if t.broken != nil {
+		t.queue = nil
+		return fmt.Errorf("%w: %w", pgx.ErrTxCommitRollback, t.broken)
+	}
+	if t.tx == nil && len(t.queue) == 0 {
+		// Nothing was sent, so there is nothing to commit.
+		return nil
 	}
 	if len(t.queue) == 0 || t.conn.PgConn().TxStatus() == 'E' {
 		// Nothing to send along, or nothing can be inserted any more:
@@ -265,6 +389,10 @@ func (t *PipelineTx) Rollback(ctx context.Context) error {
 	t.closed = true
 	t.queue = nil
 	defer t.end(ctx)
+	if t.tx == nil {
+		// The BEGIN never went out (or failed): nothing to roll back.
+		return nil
+	}
 	return t.tx.Rollback(ctx)
 }
 
@@ -272,8 +400,8 @@ func (t *PipelineTx) Rollback(ctx context.Context) error {
 // queued so far are sent with the SAVEPOINT statement, so that rolling the
 // savepoint back drops exactly the rows written after it.
 func (t *PipelineTx) Begin(ctx context.Context) (pgx.Tx, error) {
-	if t.closed {
-		return nil, pgx.ErrTxClosed
+	if err := t.usable(); err != nil {
+		return nil, err
 	}
 	t.nextSP++
 	name := "sp_" + strconv.FormatInt(t.nextSP, 10)
@@ -288,11 +416,31 @@ func (t *PipelineTx) Begin(ctx context.Context) (pgx.Tx, error) {
 // reached the transaction some other way (a Writer given a wrapper of it)
 // first have the queued rows sent, so that savepoints decide their fate
 // as they would an INSERT's and ids keep the order of the writes.
+//
+// The transaction's first statement carries its BEGIN, in one batch
+// (pgx.Batch.BeginTx), which saves the round trip pgx.BeginTx spends on it.
 func (t *PipelineTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	if t.closed {
-		return pgconn.CommandTag{}, pgx.ErrTxClosed
+	if err := t.usable(); err != nil {
+		return pgconn.CommandTag{}, err
 	}
 	if err := t.before(ctx, sql); err != nil {
+		return pgconn.CommandTag{}, err
+	}
+	if t.tx == nil && canCarryBegin(sql, args) {
+		b := &pgx.Batch{}
+		b.BeginTx(t.opts)
+		b.Queue(sql, args...)
+		br, err := t.sendOpening(ctx, b)
+		if err != nil {
+			return pgconn.CommandTag{}, err
+		}
+		tag, err := br.Exec()
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+		return tag, err
+	}
+	if err := t.open(ctx); err != nil {
 		return pgconn.CommandTag{}, err
 	}
 	return t.conn.Exec(ctx, sql, args...)
@@ -357,46 +505,140 @@ func isIdentByte(c byte) bool {
 }
 
 // Query runs sql in the transaction (see Exec for the queued rows).
+// Query runs sql in the transaction (see Exec for the queued rows and the
+// BEGIN).
 func (t *PipelineTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	if t.closed {
-		return closedRows{}, pgx.ErrTxClosed
-	}
-	if err := t.before(ctx, sql); err != nil {
+	br, err := t.prepareQuery(ctx, sql, args)
+	if err != nil {
 		return closedRows{err: err}, err
 	}
-	return t.conn.Query(ctx, sql, args...)
+	if br == nil {
+		return t.conn.Query(ctx, sql, args...)
+	}
+	rows, err := br.Query()
+	if err != nil {
+		_ = br.Close()
+		return closedRows{err: err}, err
+	}
+	return &batchRows{Rows: rows, br: br}, nil
 }
 
-// QueryRow runs sql in the transaction (see Exec for the queued rows).
+// QueryRow runs sql in the transaction (see Exec for the queued rows and
+// the BEGIN).
 func (t *PipelineTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
-	if t.closed {
-		return closedRows{}
-	}
-	if err := t.before(ctx, sql); err != nil {
+	br, err := t.prepareQuery(ctx, sql, args)
+	if err != nil {
 		return closedRows{err: err}
 	}
-	return t.conn.QueryRow(ctx, sql, args...)
+	if br == nil {
+		return t.conn.QueryRow(ctx, sql, args...)
+	}
+	return batchRow{row: br.QueryRow(), br: br}
+}
+
+// prepareQuery readies the transaction for a query: it sends the queued
+// rows if sql must not overtake them and, while the BEGIN has not gone out,
+// sends the BEGIN and the query together and returns the batch to read
+// the query's rows from (nil: run the query on the connection).
+func (t *PipelineTx) prepareQuery(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
+	if err := t.usable(); err != nil {
+		return nil, err
+	}
+	if err := t.before(ctx, sql); err != nil {
+		return nil, err
+	}
+	if t.tx != nil {
+		return nil, nil
+	}
+	if !canCarryBegin(sql, args) {
+		return nil, t.open(ctx)
+	}
+	b := &pgx.Batch{}
+	b.BeginTx(t.opts)
+	b.Queue(sql, args...)
+	return t.sendOpening(ctx, b)
+}
+
+// batchRows are the rows of a query sent in a batch after the BEGIN: the
+// batch, and with it the connection, is released when the rows are closed,
+// by Close or by Next reaching their end, as with pgx's own rows.
+type batchRows struct {
+	pgx.Rows
+	br  pgx.BatchResults
+	err error // from closing the batch
+}
+
+func (r *batchRows) Next() bool {
+	if r.Rows.Next() {
+		return true
+	}
+	r.Close()
+	return false
+}
+
+func (r *batchRows) Close() {
+	r.Rows.Close()
+	if err := r.br.Close(); err != nil && r.err == nil {
+		r.err = err
+	}
+}
+
+func (r *batchRows) Err() error {
+	if err := r.Rows.Err(); err != nil {
+		return err
+	}
+	return r.err
+}
+
+// batchRow is the row of a QueryRow sent in a batch after the BEGIN: Scan
+// reads it and releases the batch.
+type batchRow struct {
+	row pgx.Row
+	br  pgx.BatchResults
+}
+
+func (r batchRow) Scan(dest ...any) error {
+	err := r.row.Scan(dest...)
+	if cerr := r.br.Close(); err == nil {
+		err = cerr
+	}
+	return err
 }
 
 // SendBatch sends b in the transaction. The queued outbox rows stay
 // queued, unless b holds a savepoint statement or an outbox INSERT (see
 // Exec): then they are sent first, in a round trip of their own.
+//
+// While the BEGIN has not gone out, it is sent first in the same batch.
 func (t *PipelineTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults {
-	if t.closed {
-		return pgx.FailedBatchResults(b, pgx.ErrTxClosed)
+	if err := t.usable(); err != nil {
+		return pgx.FailedBatchResults(b, err)
 	}
 	for _, q := range b.QueuedQueries {
 		if err := t.before(ctx, q.SQL); err != nil {
 			return pgx.FailedBatchResults(b, err)
 		}
 	}
-	return t.tx.SendBatch(ctx, b)
+	if t.tx != nil || len(b.QueuedQueries) == 0 {
+		if err := t.open(ctx); err != nil {
+			return pgx.FailedBatchResults(b, err)
+		}
+		return t.tx.SendBatch(ctx, b)
+	}
+	opening := &pgx.Batch{}
+	opening.BeginTx(t.opts)
+	opening.QueuedQueries = append(opening.QueuedQueries, b.QueuedQueries...)
+	br, err := t.sendOpening(ctx, opening)
+	if err != nil {
+		return pgx.FailedBatchResults(b, err)
+	}
+	return br
 }
 
 // CopyFrom copies rows into a table in the transaction.
 func (t *PipelineTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
-	if t.closed {
-		return 0, pgx.ErrTxClosed
+	if err := t.open(ctx); err != nil {
+		return 0, err
 	}
 	return t.conn.CopyFrom(ctx, table, columns, src)
 }
@@ -409,11 +651,40 @@ func (t *PipelineTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Sta
 	return t.conn.Prepare(ctx, name, sql)
 }
 
-// LargeObjects gives access to large objects in the transaction.
-func (t *PipelineTx) LargeObjects() pgx.LargeObjects { return t.tx.LargeObjects() }
+// LargeObjects gives access to large objects in the transaction. It sends
+// the BEGIN, under the context given to Begin, if it has not gone out; if
+// that fails, the connection is closed, so that nothing runs outside the
+// transaction, and the large objects' calls report the failure.
+func (t *PipelineTx) LargeObjects() pgx.LargeObjects {
+	t.openNow()
+	if t.tx == nil {
+		// pgx's closed transaction: every large-object call on it
+		// reports pgx.ErrTxClosed.
+		b := &pgx.Batch{}
+		b.BeginTx(t.opts)
+		return pgx.FailedBatchResults(b, pgx.ErrTxClosed).Tx().LargeObjects()
+	}
+	return t.tx.LargeObjects()
+}
 
-// Conn is the connection the transaction runs on.
-func (t *PipelineTx) Conn() *pgx.Conn { return t.conn }
+// Conn is the connection the transaction runs on. It sends the BEGIN, under
+// the context given to Begin, if it has not gone out, so that statements
+// run on the connection are in the transaction; if that fails, the
+// connection is closed, so that they fail instead of running outside it.
+func (t *PipelineTx) Conn() *pgx.Conn {
+	t.openNow()
+	return t.conn
+}
+
+// openNow opens the transaction for a method without a context; see Conn.
+func (t *PipelineTx) openNow() {
+	if t.closed || t.tx != nil {
+		return
+	}
+	if err := t.open(t.beginCtx); err != nil {
+		_ = t.conn.Close(t.beginCtx)
+	}
+}
 
 // pipelineSavepoint is a savepoint of a PipelineTx: a pgx.Tx whose rows go
 // to the same queue.

@@ -176,23 +176,18 @@ func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQ
 func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
 // TestPipelineTxSendsRowsWithCommit proves the point of PipelineTx from
-// what the connection sends, not from timings: writing events sends
-// nothing, and Commit sends the INSERT and the COMMIT in one batch.
+// what the connection sends, not from timings: the BEGIN goes with the
+// first statement, writing events sends nothing, and Commit sends the
+// INSERT and the COMMIT in one batch: two round trips in all, where a pgx
+// transaction with the same statements spends four.
 func TestPipelineTxSendsRowsWithCommit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	base, w := pipelineFixture(t)
-	cfg := base.Config()
-	trace := &roundTrips{}
-	cfg.ConnConfig.Tracer = trace
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool, trace := tracedPool(t, base)
 	d := descriptorFor("counted")
-	err = BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ('o-1')`); err != nil {
+	err := BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1)`, "o-1"); err != nil {
 			return err
 		}
 		for i := range 3 {
@@ -205,17 +200,42 @@ func TestPipelineTxSendsRowsWithCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	trace.mu.Lock()
-	defer trace.mu.Unlock()
-	if len(trace.queries) != 2 || trace.queries[0] != "begin" || !strings.HasPrefix(trace.queries[1], "INSERT INTO orders") {
-		t.Fatalf("statements sent on their own: %q, want only begin and the business insert", trace.queries)
+	queries, batches := trace.sent()
+	if len(queries) != 0 {
+		t.Fatalf("statements sent on their own: %q, want none", queries)
 	}
-	if len(trace.batches) != 1 || len(trace.batches[0]) != 2 || !strings.Contains(trace.batches[0][0], "outbox") || trace.batches[0][1] != sqlCommit {
-		t.Fatalf("batches sent: %q, want one: the outbox insert and COMMIT", trace.batches)
+	if len(batches) != 2 ||
+		len(batches[0]) != 2 || batches[0][0] != "begin" || !strings.HasPrefix(batches[0][1], "INSERT INTO orders") ||
+		len(batches[1]) != 2 || !strings.Contains(batches[1][0], "outbox") || batches[1][1] != sqlCommit {
+		t.Fatalf("batches sent: %q, want two: begin with the business insert, then the outbox insert with COMMIT", batches)
 	}
 	if got := len(outboxSeqs(t, base)); got != 3 {
 		t.Fatalf("%d outbox rows committed, want 3", got)
 	}
+}
+
+// tracedPool opens a second pool on base's database whose connections
+// record what they send.
+func tracedPool(t *testing.T, base *pgxpool.Pool) (*pgxpool.Pool, *roundTrips) {
+	t.Helper()
+	cfg := base.Config()
+	trace := &roundTrips{}
+	cfg.ConnConfig.Tracer = trace
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(pool.Close)
+	return pool, trace
+}
+
+// sent returns what was sent so far, alone and in batches, and forgets it.
+func (r *roundTrips) sent() (queries []string, batches [][]string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	queries, batches = r.queries, r.batches
+	r.queries, r.batches = nil, nil
+	return queries, batches
 }
 
 // TestPipelineTxRollbackDropsRows: a rolled-back transaction (explicitly
