@@ -30,15 +30,23 @@ import (
 // hand it to code that takes a pgx.Tx, open savepoints with Begin. What
 // differs, all documented on the methods:
 //
-//   - a BEGIN the database refuses (a malformed pgx.TxOptions.BeginQuery, a
-//     connection lost after Begin) is reported by the first statement,
-//     which then has not run, and by every later one; a transaction that
-//     ran nothing sends nothing at Commit or Rollback;
 //   - the first statement goes to the database as a batch (a pgx tracer
-//     sees a batch), except a statement with pgx options other than a
-//     QueryRewriter (pgx.NamedArgs) and one without arguments holding
-//     several statements: those, CopyFrom, Conn and LargeObjects send the
-//     BEGIN alone first, the last two under the context given to Begin;
+//     sees a batch), unless pgx would send it otherwise than a batch does:
+//     a statement without arguments, with pgx options other than a
+//     QueryRewriter (pgx.NamedArgs), holding several statements, or naming
+//     a prepared statement; those, CopyFrom, Conn and LargeObjects (the
+//     last two under the context given to Begin, without its
+//     cancellation), and a BeginQuery of several statements, send the
+//     BEGIN alone first, as pgx does;
+//   - a BEGIN the database refuses (a malformed BeginQuery) is reported by
+//     the first statement, which then has not run, and by every later one;
+//     a first statement that fails before the BEGIN took effect (it cannot
+//     be prepared, its named arguments are refused, its context is done)
+//     is sent again the ordinary way and fails as on a pgx transaction;
+//     one whose batch pgx abandons midway (an argument it cannot encode, a
+//     lost connection) loses the connection, as any pgx batch does, and
+//     the transaction with it; a transaction that ran nothing sends
+//     nothing at Commit or Rollback;
 //   - the outbox rows are inserted at Commit, so a query on the outbox
 //     table inside the transaction does not see them, and their ids (the
 //     publish order) are taken at Commit, in the order they were written;
@@ -74,9 +82,11 @@ type PipelineTx struct {
 	// when a method without a context (Conn, LargeObjects) needs the
 	// transaction open at once.
 	beginCtx context.Context
-	queue    []queuedRow
-	nextSP   int64
-	closed   bool
+	// carryBegin: the BEGIN may go in a batch (it is one statement).
+	carryBegin bool
+	queue      []queuedRow
+	nextSP     int64
+	closed     bool
 	// broken is why the BEGIN failed: the transaction never opened, and
 	// every later use reports it.
 	broken error
@@ -148,7 +158,8 @@ func begin(ctx context.Context, conn *pgx.Conn, opts pgx.TxOptions) (*PipelineTx
 	if commit == "" {
 		commit = sqlCommit
 	}
-	return &PipelineTx{conn: conn, opts: opts, commit: commit, beginCtx: ctx}, nil
+	carry := !strings.Contains(strings.TrimRight(opts.BeginQuery, " \t\r\n;"), ";")
+	return &PipelineTx{conn: conn, opts: opts, commit: commit, beginCtx: ctx, carryBegin: carry}, nil
 }
 
 // BeginFunc runs fn in a PipelineTx on a connection from pool: it commits
@@ -188,11 +199,16 @@ func (t *PipelineTx) usable() error {
 // statements that cannot carry it (CopyFrom, a statement with pgx options
 // a batch does not take) and for the methods that hand the connection out.
 func (t *PipelineTx) open(ctx context.Context) error {
-	if err := t.usable(); err != nil {
-		return err
+	if t.broken != nil {
+		return t.broken
 	}
 	if t.tx != nil {
 		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		// pgx would close the connection; nothing was sent, so the
+		// transaction can still begin with a live context.
+		return err
 	}
 	tx, err := t.conn.BeginTx(ctx, t.opts)
 	if err != nil {
@@ -209,6 +225,39 @@ func (t *PipelineTx) beginFailed(err error) error {
 	return t.broken
 }
 
+// errBeginAlone reports that a batch carrying the BEGIN failed before the
+// BEGIN took effect, with the connection still usable: the BEGIN is then
+// sent alone and the statement the ordinary way, so that the failure (an
+// argument a QueryRewriter refuses, a statement Postgres cannot prepare, a
+// refused BEGIN, a context already done) is reported as pgx reports it.
+var errBeginAlone = errors.New("outbox: send the BEGIN alone")
+
+// send sends b in the transaction. While the BEGIN has not gone out, it
+// goes first in the same batch if carry allows (see canCarryBegin), and on
+// its own before b otherwise. Reading b's results and closing them is the
+// caller's.
+func (t *PipelineTx) send(ctx context.Context, b *pgx.Batch, carry bool) (pgx.BatchResults, error) {
+	if t.tx == nil && carry && t.carryBegin {
+		opening := &pgx.Batch{}
+		opening.BeginTx(t.opts)
+		for _, q := range b.QueuedQueries {
+			// Copies: pgx rewrites a sent query in place (named
+			// arguments, its prepared description), and b must stay as
+			// given should it have to go again after the BEGIN.
+			c := *q
+			opening.QueuedQueries = append(opening.QueuedQueries, &c)
+		}
+		br, err := t.sendOpening(ctx, opening)
+		if !errors.Is(err, errBeginAlone) {
+			return br, err
+		}
+	}
+	if err := t.open(ctx); err != nil {
+		return nil, err
+	}
+	return t.conn.SendBatch(ctx, b), nil
+}
+
 // sendOpening sends b, whose first query is the BEGIN queued by
 // pgx.Batch.BeginTx, and reads the BEGIN's result: the transaction is open
 // and the caller reads the rest of b from br, then closes it.
@@ -216,17 +265,31 @@ func (t *PipelineTx) sendOpening(ctx context.Context, b *pgx.Batch) (pgx.BatchRe
 	br := t.conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
 		_ = br.Close()
-		return nil, t.beginFailed(err)
+		if pc := t.conn.PgConn(); !pc.IsClosed() && !pc.IsBusy() && pc.TxStatus() == 'I' {
+			// The BEGIN did not take effect (the batch stops at the
+			// first error), so nothing after it ran either.
+			return nil, errBeginAlone
+		}
+		// pgx closes the connection when a batch fails midway (an
+		// argument it cannot encode, a network failure).
+		t.broken = fmt.Errorf("outbox: the transaction's first statement failed and its connection was closed: %w", err)
+		return nil, t.broken
 	}
 	t.tx = br.Tx()
 	return br, nil
 }
 
-// canCarryBegin reports whether a statement can be sent in one batch after
-// the BEGIN: pgx batches take no per-query options but a QueryRewriter
-// (pgx.NamedArgs), and a statement without arguments, which pgx would send
-// as a simple query, must be a single statement to be prepared.
+// canCarryBegin reports whether a statement is sent in one batch after the
+// BEGIN. Where pgx would send it otherwise than a batch does, it is not: a
+// statement without arguments (pgx sends it as a simple query, which a
+// batch would prepare), with pgx options a batch does not take (all but a
+// QueryRewriter such as pgx.NamedArgs), holding several statements, or a
+// single word (the name of a prepared statement, which a batch on the
+// simple protocol does not look up).
 func canCarryBegin(sql string, args []any) bool {
+	if len(args) == 0 {
+		return false
+	}
 	for _, a := range args {
 		switch a.(type) {
 		case pgx.QueryRewriter:
@@ -236,10 +299,8 @@ func canCarryBegin(sql string, args []any) bool {
 		}
 		break
 	}
-	if len(args) == 0 {
-		return !strings.Contains(strings.TrimRight(sql, " \t\r\n;"), ";")
-	}
-	return true
+	body := strings.TrimSpace(strings.TrimRight(sql, " \t\r\n;"))
+	return !strings.Contains(body, ";") && strings.ContainsAny(body, " \t\r\n")
 }
 
 // enqueue adds rows written by w; they are inserted at the next flush.
@@ -283,10 +344,6 @@ func (t *PipelineTx) flush(ctx context.Context, stmt string, args ...any) (tag p
 	}
 	runs := t.runs()
 	b := &pgx.Batch{}
-	opening := t.tx == nil
-	if opening {
-		b.BeginTx(t.opts)
-	}
 	for _, run := range runs {
 		rows := make([]row, len(run))
 		for i, q := range run {
@@ -297,13 +354,9 @@ func (t *PipelineTx) flush(ctx context.Context, stmt string, args ...any) (tag p
 	}
 	b.Queue(stmt, args...)
 	t.queue = nil
-	var br pgx.BatchResults
-	if opening {
-		if br, err = t.sendOpening(ctx, b); err != nil {
-			return pgconn.CommandTag{}, err
-		}
-	} else {
-		br = t.conn.SendBatch(ctx, b)
+	br, err := t.send(ctx, b, true)
+	if err != nil {
+		return pgconn.CommandTag{}, err
 	}
 	for _, run := range runs {
 		if _, err := br.Exec(); err != nil {
@@ -353,7 +406,7 @@ func (t *PipelineTx) Commit(ctx context.Context) error {
 		// Nothing to send along, or nothing can be inserted any more:
 		// pgx's own Commit reports a failed transaction as it should.
 		t.queue = nil
-		return t.tx.Commit(ctx)
+		return t.commitAlone(ctx)
 	}
 	tag, err := t.flush(ctx, t.commit)
 	if err != nil {
@@ -365,10 +418,29 @@ func (t *PipelineTx) Commit(ctx context.Context) error {
 	return nil
 }
 
+// commitAlone sends the COMMIT on its own, as pgx's Commit does (which
+// would report a connection lost in the first batch as ErrTxClosed).
+func (t *PipelineTx) commitAlone(ctx context.Context) error {
+	tag, err := t.conn.Exec(ctx, t.commit)
+	if err != nil {
+		return err
+	}
+	if tag.String() == "ROLLBACK" {
+		return pgx.ErrTxCommitRollback
+	}
+	return nil
+}
+
 // end leaves the connection outside any transaction (rolling back, or
 // closing it if that fails) and returns it to its pool.
 func (t *PipelineTx) end(ctx context.Context) {
-	if pc := t.conn.PgConn(); !pc.IsClosed() && pc.TxStatus() != 'I' {
+	switch pc := t.conn.PgConn(); {
+	case pc.IsClosed():
+	case pc.IsBusy():
+		// Rows or a batch left open: its transaction status is not known
+		// yet, and the connection must not be used as it stands.
+		_ = t.conn.Close(ctx)
+	case pc.TxStatus() != 'I':
 		if _, err := t.conn.Exec(ctx, sqlRollback); err != nil {
 			_ = t.conn.Close(ctx)
 		}
@@ -393,7 +465,10 @@ func (t *PipelineTx) Rollback(ctx context.Context) error {
 		// The BEGIN never went out (or failed): nothing to roll back.
 		return nil
 	}
-	return t.tx.Rollback(ctx)
+	if _, err := t.conn.Exec(ctx, sqlRollback); err != nil {
+		return fmt.Errorf("outbox: rollback: %w", err) // end closes the connection
+	}
+	return nil
 }
 
 // Begin opens a savepoint (a pseudo-nested transaction, as pgx's). The rows
@@ -428,9 +503,8 @@ func (t *PipelineTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.
 	}
 	if t.tx == nil && canCarryBegin(sql, args) {
 		b := &pgx.Batch{}
-		b.BeginTx(t.opts)
 		b.Queue(sql, args...)
-		br, err := t.sendOpening(ctx, b)
+		br, err := t.send(ctx, b, true)
 		if err != nil {
 			return pgconn.CommandTag{}, err
 		}
@@ -504,7 +578,6 @@ func isIdentByte(c byte) bool {
 	return c == '_' || c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z'
 }
 
-// Query runs sql in the transaction (see Exec for the queued rows).
 // Query runs sql in the transaction (see Exec for the queued rows and the
 // BEGIN).
 func (t *PipelineTx) Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
@@ -554,9 +627,8 @@ func (t *PipelineTx) prepareQuery(ctx context.Context, sql string, args []any) (
 		return nil, t.open(ctx)
 	}
 	b := &pgx.Batch{}
-	b.BeginTx(t.opts)
 	b.Queue(sql, args...)
-	return t.sendOpening(ctx, b)
+	return t.send(ctx, b, true)
 }
 
 // batchRows are the rows of a query sent in a batch after the BEGIN: the
@@ -619,24 +691,28 @@ func (t *PipelineTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResul
 			return pgx.FailedBatchResults(b, err)
 		}
 	}
-	if t.tx != nil || len(b.QueuedQueries) == 0 {
-		if err := t.open(ctx); err != nil {
-			return pgx.FailedBatchResults(b, err)
-		}
-		return t.tx.SendBatch(ctx, b)
+	if pgx.FailedBatchResults(b, pgx.ErrTxClosed).Tx() != nil {
+		return pgx.FailedBatchResults(b, errors.New("Batch.BeginTx cannot be used within a transaction"))
 	}
-	opening := &pgx.Batch{}
-	opening.BeginTx(t.opts)
-	opening.QueuedQueries = append(opening.QueuedQueries, b.QueuedQueries...)
-	br, err := t.sendOpening(ctx, opening)
+	br, err := t.send(ctx, b, len(b.QueuedQueries) > 0)
 	if err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
-	return br
+	return txless{br}
 }
+
+// txless are the results of a caller's batch that went out with the BEGIN:
+// like any batch sent in a transaction, they have no transaction of their
+// own to hand out.
+type txless struct{ pgx.BatchResults }
+
+func (txless) Tx() pgx.Tx { return nil }
 
 // CopyFrom copies rows into a table in the transaction.
 func (t *PipelineTx) CopyFrom(ctx context.Context, table pgx.Identifier, columns []string, src pgx.CopyFromSource) (int64, error) {
+	if err := t.usable(); err != nil {
+		return 0, err
+	}
 	if err := t.open(ctx); err != nil {
 		return 0, err
 	}
@@ -652,7 +728,7 @@ func (t *PipelineTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Sta
 }
 
 // LargeObjects gives access to large objects in the transaction. It sends
-// the BEGIN, under the context given to Begin, if it has not gone out; if
+// the BEGIN as Conn does, if it has not gone out; if
 // that fails, the connection is closed, so that nothing runs outside the
 // transaction, and the large objects' calls report the failure.
 func (t *PipelineTx) LargeObjects() pgx.LargeObjects {
@@ -668,9 +744,10 @@ func (t *PipelineTx) LargeObjects() pgx.LargeObjects {
 }
 
 // Conn is the connection the transaction runs on. It sends the BEGIN, under
-// the context given to Begin, if it has not gone out, so that statements
-// run on the connection are in the transaction; if that fails, the
-// connection is closed, so that they fail instead of running outside it.
+// the context given to Begin (without its cancellation), if it has not gone
+// out, so that statements run on the connection are in the transaction; if
+// that fails, the connection is closed, so that they fail instead of
+// running outside it.
 func (t *PipelineTx) Conn() *pgx.Conn {
 	t.openNow()
 	return t.conn
@@ -681,8 +758,11 @@ func (t *PipelineTx) openNow() {
 	if t.closed || t.tx != nil {
 		return
 	}
-	if err := t.open(t.beginCtx); err != nil {
-		_ = t.conn.Close(t.beginCtx)
+	// Begin's context, without its cancellation: it only affects the
+	// BEGIN, as with pgx.
+	ctx := context.WithoutCancel(t.beginCtx)
+	if err := t.open(ctx); err != nil {
+		_ = t.conn.Close(ctx)
 	}
 }
 

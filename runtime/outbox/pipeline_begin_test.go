@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -28,7 +29,7 @@ var firstStatements = []firstStatement{
 		_, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1)`, id)
 		return err
 	}},
-	{name: "Exec without arguments", run: func(ctx context.Context, tx pgx.Tx, id string) error {
+	{name: "Exec without arguments", alone: true, run: func(ctx context.Context, tx pgx.Tx, id string) error {
 		_, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO orders VALUES ('%s');`, id))
 		return err
 	}},
@@ -42,6 +43,17 @@ var firstStatements = []firstStatement{
 	}},
 	{name: "Exec with named arguments", run: func(ctx context.Context, tx pgx.Tx, id string) error {
 		_, err := tx.Exec(ctx, `INSERT INTO orders VALUES (@id)`, pgx.NamedArgs{"id": id})
+		return err
+	}},
+	{name: "Exec of two statements with named arguments", alone: true, run: func(ctx context.Context, tx pgx.Tx, id string) error {
+		_, err := tx.Exec(ctx, fmt.Sprintf(`INSERT INTO orders VALUES ('%s'); SELECT 1`, id), pgx.NamedArgs{})
+		return err
+	}},
+	{name: "Exec of a prepared statement", alone: true, run: func(ctx context.Context, tx pgx.Tx, id string) error {
+		if _, err := tx.Prepare(ctx, "insert_order", `INSERT INTO orders VALUES ($1)`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, "insert_order", id)
 		return err
 	}},
 	{name: "QueryRow", run: func(ctx context.Context, tx pgx.Tx, id string) error {
@@ -117,10 +129,13 @@ var firstStatements = []firstStatement{
 	}},
 }
 
-// execModes are the connection settings the BEGIN is tested under: pgx's
-// default and the simple protocol (as behind PgBouncer), whose batches are
-// one multi-statement query.
-var execModes = []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeSimpleProtocol}
+// execModes are the connection settings the BEGIN is tested under: all of
+// pgx's; on the simple protocol (as behind PgBouncer) a batch is one
+// multi-statement query.
+var execModes = []pgx.QueryExecMode{
+	pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe, pgx.QueryExecModeDescribeExec,
+	pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol,
+}
 
 // modePool is a traced pool on base's database with the given exec mode.
 func modePool(t *testing.T, base *pgxpool.Pool, mode pgx.QueryExecMode) (*pgxpool.Pool, *roundTrips) {
@@ -190,9 +205,7 @@ func TestPipelineTxFirstStatementCarriesBegin(t *testing.T) {
 				if orders != want || events != want {
 					t.Fatalf("%v, %s, commit %v: %d order rows and %d events kept, want %d of each", mode, fs.name, commit, orders, events, want)
 				}
-				if n := pool.Stat().AcquiredConns(); n != 0 {
-					t.Fatalf("%v, %s: %d connections still acquired", mode, fs.name, n)
-				}
+				waitReleased(t, pool)
 			}
 		}
 	}
@@ -234,9 +247,7 @@ func TestPipelineTxWithoutStatements(t *testing.T) {
 	if n := count(t, base, `SELECT count(*) FROM outbox`); n != 1 {
 		t.Fatalf("%d outbox rows, want 1", n)
 	}
-	if n := pool.Stat().AcquiredConns(); n != 0 {
-		t.Fatalf("%d connections still acquired", n)
-	}
+	waitReleased(t, pool)
 }
 
 // TestPipelineTxFailedBegin: a BEGIN the database refuses takes the first
@@ -275,9 +286,7 @@ func TestPipelineTxFailedBegin(t *testing.T) {
 			if n := count(t, base, fmt.Sprintf(`SELECT count(*) FROM orders WHERE id LIKE '%s%%'`, id)); n != 0 {
 				t.Fatalf("%v, %s: %d order rows written outside the refused transaction", mode, fs.name, n)
 			}
-			if n := pool.Stat().AcquiredConns(); n != 0 {
-				t.Fatalf("%v, %s: %d connections still acquired", mode, fs.name, n)
-			}
+			waitReleased(t, pool)
 		}
 	}
 	if n := count(t, base, `SELECT count(*) FROM outbox`); n != 0 {
@@ -286,35 +295,72 @@ func TestPipelineTxFailedBegin(t *testing.T) {
 }
 
 // TestPipelineTxFailedFirstStatement: a first statement the database
-// refuses is reported as pgx reports it, and the transaction then behaves
-// as any failed pgx transaction.
+// refuses, when it runs or when it is prepared, is reported as pgx reports
+// it, and the transaction then behaves as any failed pgx transaction.
 func TestPipelineTxFailedFirstStatement(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, w := pipelineFixture(t)
-	if _, err := pool.Exec(ctx, `INSERT INTO orders VALUES ('taken')`); err != nil {
+	base, w := pipelineFixture(t)
+	if _, err := base.Exec(ctx, `INSERT INTO orders VALUES ('taken')`); err != nil {
 		t.Fatal(err)
 	}
+	refused := []struct {
+		sql, code string
+	}{
+		{`INSERT INTO orders VALUES ($1)`, "23505"},        // runs, violates the key
+		{`INSERT INTO no_such_table VALUES ($1)`, "42P01"}, // cannot be prepared
+	}
+	for _, mode := range execModes {
+		pool, _ := modePool(t, base, mode)
+		for _, r := range refused {
+			tx, err := Begin(ctx, pool, pgx.TxOptions{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = tx.Rollback(ctx) }()
+			if _, err := w.Write(ctx, tx, newEvent(descriptorFor("dup"), "a", 0)); err != nil {
+				t.Fatal(err)
+			}
+			_, err = tx.Exec(ctx, r.sql, "taken")
+			var pgErr *pgconn.PgError
+			if !errors.As(err, &pgErr) || pgErr.Code != r.code || strings.Contains(err.Error(), "begin") {
+				t.Fatalf("%v, %s: %v, want SQLSTATE %s as pgx reports it", mode, r.sql, err, r.code)
+			}
+			if err := tx.Commit(ctx); !errors.Is(err, pgx.ErrTxCommitRollback) {
+				t.Fatalf("%v, %s: Commit of a failed transaction: %v, want ErrTxCommitRollback", mode, r.sql, err)
+			}
+			waitReleased(t, pool)
+		}
+	}
+	if n := count(t, base, `SELECT count(*) FROM outbox`); n != 0 {
+		t.Fatalf("%d events committed by failed transactions", n)
+	}
+}
+
+// TestPipelineTxUnencodableFirstArgument: an argument pgx cannot encode
+// fails the first statement's batch, which pgx ends by closing the
+// connection: the transaction reports it from then on and commits nothing.
+func TestPipelineTxUnencodableFirstArgument(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, w := pipelineFixture(t)
 	tx, err := Begin(ctx, pool, pgx.TxOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := w.Write(ctx, tx, newEvent(descriptorFor("dup"), "a", 0)); err != nil {
-		t.Fatal(err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1)`, make(chan int)); err == nil || !strings.Contains(err.Error(), "encode") {
+		t.Fatalf("unencodable argument: %v, want pgx's encoding error", err)
 	}
-	_, err = tx.Exec(ctx, `INSERT INTO orders VALUES ($1)`, "taken")
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "23505" {
-		t.Fatalf("duplicate insert: %v, want a unique violation", err)
+	if _, err := w.Write(ctx, tx, newEvent(descriptorFor("enc"), "a", 0)); err == nil {
+		t.Fatal("an event written after the connection was closed")
 	}
 	if err := tx.Commit(ctx); !errors.Is(err, pgx.ErrTxCommitRollback) {
-		t.Fatalf("Commit of a failed transaction: %v, want ErrTxCommitRollback", err)
+		t.Fatalf("Commit: %v, want ErrTxCommitRollback", err)
 	}
-	if n := count(t, pool, `SELECT count(*) FROM outbox`); n != 0 {
-		t.Fatalf("%d events committed by a failed transaction", n)
-	}
-	if n := pool.Stat().AcquiredConns(); n != 0 {
-		t.Fatalf("%d connections still acquired", n)
+	waitReleased(t, pool)
+	if n := count(t, pool, `SELECT count(*) FROM orders`) + count(t, pool, `SELECT count(*) FROM outbox`); n != 0 {
+		t.Fatalf("%d rows committed", n)
 	}
 }
 
@@ -336,5 +382,211 @@ func TestBeginConnRefusesOpenTransaction(t *testing.T) {
 	defer func() { _ = outer.Rollback(ctx) }()
 	if _, err := BeginConn(ctx, c.Conn(), pgx.TxOptions{}); err == nil || !strings.Contains(err.Error(), "already in a transaction") {
 		t.Fatalf("BeginConn inside a transaction: %v, want a refusal", err)
+	}
+}
+
+// waitReleased waits until pool has no connection acquired: a connection
+// the pool destroys on release leaves the count in the background.
+func waitReleased(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for pool.Stat().AcquiredConns() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d connections still acquired after 30 s", pool.Stat().AcquiredConns())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestPipelineTxFirstStatementFailsOnClient: a first statement that fails
+// before anything runs (named arguments refused, a context already done, a
+// statement Postgres cannot prepare) fails as it would on a pgx
+// transaction, and the transaction carries on where pgx's would.
+func TestPipelineTxFirstStatementFailsOnClient(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	base, w := pipelineFixture(t)
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	failures := []struct {
+		name string
+		run  func(tx pgx.Tx) error
+	}{
+		{"strict named arguments missing one", func(tx pgx.Tx) error {
+			return tx.QueryRow(ctx, `INSERT INTO orders VALUES (@id) RETURNING id`, pgx.StrictNamedArgs{}).Scan(new(string))
+		}},
+		{"context already done", func(tx pgx.Tx) error {
+			_, err := tx.Exec(done, `INSERT INTO orders VALUES ($1)`, "never")
+			return err
+		}},
+		{"context already done, no arguments", func(tx pgx.Tx) error {
+			_, err := tx.Exec(done, `INSERT INTO orders VALUES ('never')`)
+			return err
+		}},
+	}
+	for _, mode := range execModes {
+		pool, _ := modePool(t, base, mode)
+		for i, f := range failures {
+			id := fmt.Sprintf("client-%v-%d", mode, i)
+			err := BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				err := f.run(tx)
+				if err == nil {
+					return fmt.Errorf("%s accepted", f.name)
+				}
+				if strings.Contains(err.Error(), "begin") {
+					return fmt.Errorf("%s blamed on the BEGIN: %w", f.name, err)
+				}
+				if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1)`, id); err != nil {
+					return fmt.Errorf("after %s: %w", f.name, err)
+				}
+				_, err = w.Write(ctx, tx, newEvent(descriptorFor("client"), id, 0))
+				return err
+			})
+			if err != nil {
+				t.Fatalf("%v: %v", mode, err)
+			}
+			if n := count(t, base, fmt.Sprintf(`SELECT count(*) FROM orders WHERE id = '%s'`, id)); n != 1 {
+				t.Fatalf("%v, %s: %d order rows committed, want 1", mode, f.name, n)
+			}
+			waitReleased(t, pool)
+		}
+	}
+	if n := count(t, base, `SELECT count(*) FROM orders WHERE id = 'never'`); n != 0 {
+		t.Fatal("a statement on a done context ran")
+	}
+}
+
+// TestPipelineTxBeginQueryOfSeveralStatements: a BeginQuery that is more
+// than one statement goes alone, as pgx sends it, and takes effect.
+func TestPipelineTxBeginQueryOfSeveralStatements(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	base, w := pipelineFixture(t)
+	opts := pgx.TxOptions{BeginQuery: `BEGIN; SET LOCAL statement_timeout = 5000`}
+	for _, mode := range execModes {
+		pool, _ := modePool(t, base, mode)
+		tx, err := Begin(ctx, pool, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		var timeout string
+		if err := tx.QueryRow(ctx, `SELECT current_setting($1)`, "statement_timeout").Scan(&timeout); err != nil || timeout != "5s" {
+			t.Fatalf("%v: statement_timeout %q (%v), want the BeginQuery's 5s", mode, timeout, err)
+		}
+		if _, err := w.Write(ctx, tx, newEvent(descriptorFor("several"), "a", 0)); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatalf("%v: %v", mode, err)
+		}
+	}
+	if n := count(t, base, `SELECT count(*) FROM outbox`); n != len(execModes) {
+		t.Fatalf("%d events committed, want %d", n, len(execModes))
+	}
+}
+
+// TestPipelineTxRowsLeftOpen: rows of the first query left open at Commit
+// make the Commit fail, and the caller's connection is closed rather than
+// left inside the transaction, where a later COMMIT would keep the
+// business row without its event.
+func TestPipelineTxRowsLeftOpen(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, w := pipelineFixture(t)
+	c, err := pool.Acquire(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Release()
+	tx, err := BeginConn(ctx, c.Conn(), pgx.TxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows, err := tx.Query(ctx, `INSERT INTO orders VALUES ($1), ($1 || '-b') RETURNING id`, "open")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rows.Next() {
+		t.Fatalf("no row: %v", rows.Err())
+	}
+	if _, err := w.Write(ctx, tx, newEvent(descriptorFor("open"), "open", 0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err == nil {
+		t.Fatal("Commit with rows left open succeeded")
+	}
+	rows.Close()
+	if conn := c.Conn(); !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
+		t.Fatalf("the caller's connection is left in transaction status %q", conn.PgConn().TxStatus())
+	}
+	if n := count(t, pool, `SELECT count(*) FROM orders`); n != 0 {
+		t.Fatalf("%d order rows committed without their event", n)
+	}
+}
+
+// TestPipelineTxConnectionLostInFirstQuery: a connection lost while the
+// first query's rows stream makes Commit report the lost connection, not
+// pgx.ErrTxClosed, which callers read as "already ended".
+func TestPipelineTxConnectionLostInFirstQuery(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pipelineFixture(t)
+	tx, err := Begin(ctx, pool, pgx.TxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	qctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	rows, err := tx.Query(qctx, `SELECT g FROM generate_series(1, $1::int) g`, 50_000_000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for n := 0; rows.Next(); n++ {
+		if n == 1000 {
+			cancel()
+		}
+	}
+	rows.Close()
+	err = tx.Commit(ctx)
+	if err == nil || errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("Commit after the connection was lost: %v, want the lost connection reported", err)
+	}
+	waitReleased(t, pool)
+}
+
+// TestPipelineTxSendBatchFirst: a caller's batch that goes out with the
+// BEGIN has no transaction of its own to hand out, and a batch that itself
+// begins a transaction is refused, as pgx refuses it inside one.
+func TestPipelineTxSendBatchFirst(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := pipelineFixture(t)
+	tx, err := Begin(ctx, pool, pgx.TxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	nested := &pgx.Batch{}
+	nested.BeginTx(pgx.TxOptions{})
+	nested.Queue(`INSERT INTO orders VALUES ($1)`, "nested")
+	if err := tx.SendBatch(ctx, nested).Close(); err == nil || !strings.Contains(err.Error(), "BeginTx") {
+		t.Fatalf("a batch beginning its own transaction: %v, want a refusal", err)
+	}
+	b := &pgx.Batch{}
+	b.Queue(`INSERT INTO orders VALUES ($1)`, "batched")
+	br := tx.SendBatch(ctx, b)
+	if br.Tx() != nil {
+		t.Fatal("the caller's batch hands out a transaction")
+	}
+	if err := br.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM orders`); n != 1 {
+		t.Fatalf("%d order rows, want 1", n)
 	}
 }
