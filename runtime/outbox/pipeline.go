@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -82,11 +83,14 @@ type PipelineTx struct {
 	// when a method without a context (Conn, LargeObjects) needs the
 	// transaction open at once.
 	beginCtx context.Context
-	// carryBegin: the BEGIN may go in a batch (it is one statement).
-	carryBegin bool
-	queue      []queuedRow
-	nextSP     int64
-	closed     bool
+	// carryBegin, carryCommit: the BEGIN, the COMMIT may go in a batch
+	// (each is one statement; pgx sends several as a simple query).
+	carryBegin, carryCommit bool
+	// handedLargeObjects: LargeObjects gave out a handle bound to tx.
+	handedLargeObjects bool
+	queue              []queuedRow
+	nextSP             int64
+	closed             bool
 	// broken is why the BEGIN failed: the transaction never opened, and
 	// every later use reports it.
 	broken error
@@ -129,10 +133,12 @@ func Begin(ctx context.Context, pool *pgxpool.Pool, opts pgx.TxOptions) (*Pipeli
 }
 
 // BeginConn begins a PipelineTx on conn with the given options (as pgx's
-// BeginTx). The connection is the caller's: it is not closed at the end
-// (unless a BEGIN sent by Conn or LargeObjects fails, see Conn). A
-// connection already in a transaction is refused: the pipeline's COMMIT
-// would end that transaction too.
+// BeginTx). The connection is the caller's: it is not closed at the end,
+// unless it cannot be used as it stands — rows or a batch left open, a
+// batch pgx abandoned midway, a failed BEGIN sent by Conn or LargeObjects
+// (see Conn) — as pgx closes it in those cases too. A connection already in
+// a transaction is refused: the pipeline's COMMIT would end that
+// transaction too.
 func BeginConn(ctx context.Context, conn *pgx.Conn, opts pgx.TxOptions) (*PipelineTx, error) {
 	if conn == nil {
 		return nil, errors.New("outbox: begin: nil connection")
@@ -158,8 +164,8 @@ func begin(ctx context.Context, conn *pgx.Conn, opts pgx.TxOptions) (*PipelineTx
 	if commit == "" {
 		commit = sqlCommit
 	}
-	carry := !strings.Contains(strings.TrimRight(opts.BeginQuery, " \t\r\n;"), ";")
-	return &PipelineTx{conn: conn, opts: opts, commit: commit, beginCtx: ctx, carryBegin: carry}, nil
+	return &PipelineTx{conn: conn, opts: opts, commit: commit, beginCtx: ctx,
+		carryBegin: !severalStatements(opts.BeginQuery), carryCommit: !severalStatements(commit)}, nil
 }
 
 // BeginFunc runs fn in a PipelineTx on a connection from pool: it commits
@@ -264,6 +270,11 @@ func (t *PipelineTx) send(ctx context.Context, b *pgx.Batch, carry bool) (pgx.Ba
 func (t *PipelineTx) sendOpening(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, error) {
 	br := t.conn.SendBatch(ctx, b)
 	if _, err := br.Exec(); err != nil {
+		// Close would call the caller's callbacks with the error; the
+		// queries either go again (and call them then) or fail as a whole.
+		for _, q := range b.QueuedQueries {
+			q.Fn = nil
+		}
 		_ = br.Close()
 		if pc := t.conn.PgConn(); !pc.IsClosed() && !pc.IsBusy() && pc.TxStatus() == 'I' {
 			// The BEGIN did not take effect (the batch stops at the
@@ -272,7 +283,7 @@ func (t *PipelineTx) sendOpening(ctx context.Context, b *pgx.Batch) (pgx.BatchRe
 		}
 		// pgx closes the connection when a batch fails midway (an
 		// argument it cannot encode, a network failure).
-		t.broken = fmt.Errorf("outbox: the transaction's first statement failed and its connection was closed: %w", err)
+		t.broken = fmt.Errorf("outbox: the transaction's first statement failed and left its connection unusable: %w", err)
 		return nil, t.broken
 	}
 	t.tx = br.Tx()
@@ -299,8 +310,7 @@ func canCarryBegin(sql string, args []any) bool {
 		}
 		break
 	}
-	body := strings.TrimSpace(strings.TrimRight(sql, " \t\r\n;"))
-	return !strings.Contains(body, ";") && strings.ContainsAny(body, " \t\r\n")
+	return !severalStatements(sql) && strings.ContainsAny(strings.TrimSpace(sql), " \t\r\n")
 }
 
 // enqueue adds rows written by w; they are inserted at the next flush.
@@ -334,8 +344,9 @@ func (t *PipelineTx) runs() [][]queuedRow {
 // not the database saw the batch, so the transaction is marked unable to
 // commit.
 func (t *PipelineTx) flush(ctx context.Context, stmt string, args ...any) (tag pgconn.CommandTag, err error) {
+	queued := len(t.queue) > 0
 	defer func() {
-		if err != nil && t.lost == nil {
+		if err != nil && queued && t.lost == nil {
 			t.lost = fmt.Errorf("outbox: queued events were not written, so the transaction cannot commit: %w", err)
 		}
 	}()
@@ -408,6 +419,14 @@ func (t *PipelineTx) Commit(ctx context.Context) error {
 		t.queue = nil
 		return t.commitAlone(ctx)
 	}
+	if !t.carryCommit {
+		// A CommitQuery of several statements goes alone, as pgx sends
+		// it; the rows go just before it.
+		if err := t.sendQueue(ctx); err != nil {
+			return fmt.Errorf("outbox: commit: %w", err)
+		}
+		return t.commitAlone(ctx)
+	}
 	tag, err := t.flush(ctx, t.commit)
 	if err != nil {
 		return fmt.Errorf("outbox: commit: %w", err)
@@ -416,6 +435,23 @@ func (t *PipelineTx) Commit(ctx context.Context) error {
 		return pgx.ErrTxCommitRollback
 	}
 	return nil
+}
+
+// closeLargeObjects marks pgx's transaction (which the large-object handles
+// are bound to) closed, so that a handle used after the end reports
+// pgx.ErrTxClosed instead of running on the connection, which by then is
+// outside the transaction or back in the pool. Nothing is sent: pgconn
+// refuses a context already done before writing, and pgx's Commit marks
+// its transaction closed whatever the outcome (it closes the connection
+// only if it is still in a transaction; end has left it outside one or
+// closed it).
+func (t *PipelineTx) closeLargeObjects() {
+	if pc := t.conn.PgConn(); !pc.IsClosed() && pc.TxStatus() != 'I' {
+		return
+	}
+	done, cancel := context.WithCancel(context.Background())
+	cancel()
+	_ = t.tx.Commit(done)
 }
 
 // commitAlone sends the COMMIT on its own, as pgx's Commit does (which
@@ -444,6 +480,9 @@ func (t *PipelineTx) end(ctx context.Context) {
 		if _, err := t.conn.Exec(ctx, sqlRollback); err != nil {
 			_ = t.conn.Close(ctx)
 		}
+	}
+	if t.handedLargeObjects {
+		t.closeLargeObjects()
 	}
 	if t.release != nil {
 		t.release()
@@ -537,15 +576,26 @@ func (t *PipelineTx) sendQueue(ctx context.Context) error {
 
 // scopeStatement reports whether sql, after any leading comments, opens or
 // ends a savepoint or the transaction, after which queued rows would land
-// in the wrong scope.
+// in the wrong scope. A text of several statements counts as one, whatever
+// they are: any of them might.
 func scopeStatement(sql string) bool {
+	if severalStatements(sql) {
+		return true
+	}
 	s := skipComments(sql)
-	for _, kw := range []string{"savepoint", "release", "rollback", "commit", "end", "abort", "prepare transaction"} {
+	for _, kw := range []string{"savepoint", "release", "rollback", "commit", "end", "abort", "prepare"} {
 		if len(s) >= len(kw) && strings.EqualFold(s[:len(kw)], kw) && (len(s) == len(kw) || !isIdentByte(s[len(kw)])) {
 			return true
 		}
 	}
 	return false
+}
+
+// severalStatements reports whether sql may hold more than one statement:
+// a semicolon before its end (perhaps inside a literal: then the rows are
+// only sent early).
+func severalStatements(sql string) bool {
+	return strings.Contains(strings.TrimRight(sql, " \t\r\n;"), ";")
 }
 
 // outboxInsert reports whether sql is one of the Writer's INSERTs.
@@ -694,7 +744,10 @@ func (t *PipelineTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResul
 	if pgx.FailedBatchResults(b, pgx.ErrTxClosed).Tx() != nil {
 		return pgx.FailedBatchResults(b, errors.New("Batch.BeginTx cannot be used within a transaction"))
 	}
-	br, err := t.send(ctx, b, len(b.QueuedQueries) > 0)
+	if len(b.QueuedQueries) == 0 {
+		return t.conn.SendBatch(ctx, b) // sends nothing, as pgx's
+	}
+	br, err := t.send(ctx, b, true)
 	if err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
@@ -728,18 +781,16 @@ func (t *PipelineTx) Prepare(ctx context.Context, name, sql string) (*pgconn.Sta
 }
 
 // LargeObjects gives access to large objects in the transaction. It sends
-// the BEGIN as Conn does, if it has not gone out; if
-// that fails, the connection is closed, so that nothing runs outside the
-// transaction, and the large objects' calls report the failure.
+// the BEGIN as Conn does, if it has not gone out; if that fails, the
+// connection is closed, so that nothing runs outside the transaction, and
+// the large objects' calls report the failure. As with pgx, the handle
+// reports pgx.ErrTxClosed once the transaction has ended.
 func (t *PipelineTx) LargeObjects() pgx.LargeObjects {
 	t.openNow()
-	if t.tx == nil {
-		// pgx's closed transaction: every large-object call on it
-		// reports pgx.ErrTxClosed.
-		b := &pgx.Batch{}
-		b.BeginTx(t.opts)
-		return pgx.FailedBatchResults(b, pgx.ErrTxClosed).Tx().LargeObjects()
+	if t.tx == nil || t.closed {
+		return closedLargeObjects()
 	}
+	t.handedLargeObjects = true
 	return t.tx.LargeObjects()
 }
 
@@ -753,14 +804,28 @@ func (t *PipelineTx) Conn() *pgx.Conn {
 	return t.conn
 }
 
+// closedLargeObjects are large objects on pgx's closed transaction: every
+// call reports pgx.ErrTxClosed.
+func closedLargeObjects() pgx.LargeObjects {
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	return pgx.FailedBatchResults(b, pgx.ErrTxClosed).Tx().LargeObjects()
+}
+
+// openNowTimeout bounds the BEGIN that Conn and LargeObjects send, which
+// have no context of their own to bound it.
+const openNowTimeout = time.Minute
+
 // openNow opens the transaction for a method without a context; see Conn.
 func (t *PipelineTx) openNow() {
 	if t.closed || t.tx != nil {
 		return
 	}
 	// Begin's context, without its cancellation: it only affects the
-	// BEGIN, as with pgx.
-	ctx := context.WithoutCancel(t.beginCtx)
+	// BEGIN, as with pgx; bounded, so that a dead network cannot hold
+	// the call forever.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(t.beginCtx), openNowTimeout)
+	defer cancel()
 	if err := t.open(ctx); err != nil {
 		_ = t.conn.Close(ctx)
 	}
@@ -879,8 +944,15 @@ func (s *pipelineSavepoint) Prepare(ctx context.Context, name, sql string) (*pgc
 	return s.root.Prepare(ctx, name, sql)
 }
 
-// LargeObjects gives access to large objects in the transaction.
-func (s *pipelineSavepoint) LargeObjects() pgx.LargeObjects { return s.root.LargeObjects() }
+// LargeObjects gives access to large objects in the transaction (see
+// PipelineTx.LargeObjects); those of an ended savepoint report
+// pgx.ErrTxClosed.
+func (s *pipelineSavepoint) LargeObjects() pgx.LargeObjects {
+	if s.closed {
+		return closedLargeObjects()
+	}
+	return s.root.LargeObjects()
+}
 
 // Conn is the connection the transaction runs on.
 func (s *pipelineSavepoint) Conn() *pgx.Conn { return s.root.conn }

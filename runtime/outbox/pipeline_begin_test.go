@@ -590,3 +590,164 @@ func TestPipelineTxSendBatchFirst(t *testing.T) {
 		t.Fatalf("%d order rows, want 1", n)
 	}
 }
+
+// TestPipelineTxLargeObjectsEndWithTheTransaction: a large-object handle
+// used after Commit reports pgx.ErrTxClosed, as pgx's does, instead of
+// running on the connection, which is back in the pool by then.
+func TestPipelineTxLargeObjectsEndWithTheTransaction(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	base, w := pipelineFixture(t)
+	cfg := base.Config()
+	cfg.MaxConns = 1
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	tx, err := Begin(ctx, pool, pgx.TxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1)`, "lo"); err != nil {
+		t.Fatal(err)
+	}
+	lo := tx.LargeObjects()
+	if _, err := lo.Create(ctx, 0); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(ctx, tx, newEvent(descriptorFor("lo"), "lo", 0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lo.Create(ctx, 0); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("a handle used after Commit: %v, want ErrTxClosed", err)
+	}
+	after := tx.LargeObjects()
+	if _, err := after.Create(ctx, 0); !errors.Is(err, pgx.ErrTxClosed) {
+		t.Fatalf("LargeObjects after Commit: %v, want ErrTxClosed", err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM pg_largeobject_metadata`); n < 1 {
+		t.Fatal("the large object created in the transaction is gone")
+	}
+}
+
+// TestPipelineTxStatementTexts: a text of several statements, any of which
+// may end the transaction or a savepoint, has the queued rows sent ahead of
+// it, so they share the fate of the business rows around them.
+func TestPipelineTxStatementTexts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, w := pipelineFixture(t)
+	d := descriptorFor("texts")
+	// The COMMIT inside the text commits the queued event with the order.
+	tx, err := Begin(ctx, pool, pgx.TxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(ctx, tx, newEvent(d, "c", 0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ('c'); COMMIT`); err != nil {
+		t.Fatal(err)
+	}
+	_ = tx.Rollback(ctx)
+	orders, events := count(t, pool, `SELECT count(*) FROM orders WHERE id = 'c'`), count(t, pool, `SELECT count(*) FROM outbox WHERE key = 'c'::bytea`)
+	if orders != 1 || events != 1 {
+		t.Fatalf("COMMIT in a text: %d order rows and %d events kept, want 1 and 1", orders, events)
+	}
+	// The ROLLBACK TO inside the text drops the event with the order.
+	tx, err = Begin(ctx, pool, pgx.TxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SAVEPOINT s`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1)`, "r"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(ctx, tx, newEvent(d, "r", 0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1; ROLLBACK TO SAVEPOINT s`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	orders, events = count(t, pool, `SELECT count(*) FROM orders WHERE id = 'r'`), count(t, pool, `SELECT count(*) FROM outbox WHERE key = 'r'::bytea`)
+	if orders != 0 || events != 0 {
+		t.Fatalf("ROLLBACK TO in a text: %d order rows and %d events kept, want none", orders, events)
+	}
+}
+
+// TestPipelineTxBatchCallbacksOnce: a caller's batch whose first query
+// fails before the BEGIN took effect is sent again after it, and its
+// callbacks run as often as on a pgx transaction, not once more.
+func TestPipelineTxBatchCallbacksOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	base, _ := pipelineFixture(t)
+	// calls sends the malformed batch in a transaction begun by begin and
+	// counts the callback's runs.
+	calls := func(pool *pgxpool.Pool, begin func(context.Context, *pgxpool.Pool) (pgx.Tx, error)) int {
+		tx, err := begin(ctx, pool)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = tx.Rollback(ctx) }()
+		n := 0
+		b := &pgx.Batch{}
+		b.Queue(`SELEC $1::int`, 1).QueryRow(func(r pgx.Row) error {
+			n++
+			return r.Scan(new(int))
+		})
+		if err := tx.SendBatch(ctx, b).Close(); err == nil {
+			t.Fatal("a malformed query succeeded")
+		}
+		return n
+	}
+	for _, mode := range execModes {
+		pool, _ := modePool(t, base, mode)
+		want := calls(pool, func(ctx context.Context, p *pgxpool.Pool) (pgx.Tx, error) { return p.Begin(ctx) })
+		got := calls(pool, func(ctx context.Context, p *pgxpool.Pool) (pgx.Tx, error) { return Begin(ctx, p, pgx.TxOptions{}) })
+		if got != want {
+			t.Fatalf("%v: the callback ran %d times, %d on a pgx transaction", mode, got, want)
+		}
+	}
+}
+
+// TestPipelineTxEndsWithoutQueuedRows: a savepoint refused on a done
+// context, with nothing queued, leaves the transaction able to commit (as
+// pgx's), and a CommitQuery of several statements commits the queued rows.
+func TestPipelineTxEndsWithoutQueuedRows(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, w := pipelineFixture(t)
+	done, cancel := context.WithCancel(ctx)
+	cancel()
+	tx, err := Begin(ctx, pool, pgx.TxOptions{CommitQuery: `COMMIT; SELECT 1`})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1)`, "sp"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Begin(done); err == nil {
+		t.Fatal("a savepoint opened on a done context")
+	}
+	if _, err := w.Write(ctx, tx, newEvent(descriptorFor("sp"), "sp", 0)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM orders`) + count(t, pool, `SELECT count(*) FROM outbox`); n != 2 {
+		t.Fatalf("%d rows committed, want the order and its event", n)
+	}
+}
