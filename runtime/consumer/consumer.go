@@ -98,6 +98,12 @@ type Handler interface {
 	// commit or roll back tx. An error (or panic) rolls the transaction back
 	// and the message is retried; wrap the error with Permanent to send the
 	// message to the DLQ at once.
+	//
+	// Events the handler writes with an outbox.Writer on tx commit or roll
+	// back with its other effects. With one transaction per message
+	// (WithMaxBatch(1)) tx is an outbox.PipelineTx, so they go to the
+	// database with the COMMIT; in a batch, where each handler call runs in
+	// its own savepoint, they are inserted at once.
 	Handle(ctx context.Context, tx pgx.Tx, meta events.Meta, ev events.Event) error
 }
 

@@ -426,6 +426,10 @@ func (p *partition) guardedHandler(ctx context.Context, tx, htx pgx.Tx, meta eve
 		gaveUp   bool
 		done     = make(chan error, 1)
 	)
+	// The connection, taken here while this goroutine owns tx: an
+	// outbox.PipelineTx sends its BEGIN when asked for it first (the
+	// dedup insert has sent it already, unless dedup is off).
+	conn := tx.Conn()
 	go func() {
 		err := p.c.traceHandler(ctx, htx, meta, ev, p.r)
 		mu.Lock()
@@ -463,7 +467,7 @@ func (p *partition) guardedHandler(ctx context.Context, tx, htx pgx.Tx, meta eve
 		"event_id", meta.EventID, "event_type", meta.Type, "offset", meta.Offset, "attempt", meta.Attempt, "cause", context.Cause(ctx))
 	// Closing the socket is safe while the handler's goroutine uses the
 	// connection: its next call fails and the pool discards the connection.
-	if pc := tx.Conn().PgConn(); pc != nil {
+	if pc := conn.PgConn(); pc != nil {
 		_ = pc.Conn().Close()
 	}
 	return nil, true

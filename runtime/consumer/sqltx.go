@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/protoevents/protoevents/runtime/events"
+	"github.com/protoevents/protoevents/runtime/outbox"
 )
 
 // HandleSQL registers fn, a handler written against database/sql, as the
@@ -65,11 +66,13 @@ func (c *Consumer) sqlDB() *sql.DB {
 	return c.sqldb
 }
 
-// begin starts the dedup transaction of route r: a pgx transaction, or for
-// a database/sql handler a *sql.Tx seen through a bridgeTx.
+// begin starts the dedup transaction of route r: an outbox.PipelineTx, or
+// for a database/sql handler a *sql.Tx seen through a bridgeTx. The
+// PipelineTx sends its BEGIN with the dedup insert, and the events the
+// handler writes with the COMMIT: each saves a round trip.
 func (c *Consumer) begin(ctx context.Context, r *route) (pgx.Tx, error) {
 	if !r.sql {
-		return c.cfg.DB.Begin(ctx)
+		return outbox.Begin(ctx, c.cfg.DB, pgx.TxOptions{})
 	}
 	conn, err := c.sqlDB().Conn(ctx)
 	if err != nil {

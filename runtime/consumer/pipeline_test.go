@@ -1,0 +1,134 @@
+package consumer
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/runtime/events"
+	"github.com/protoevents/protoevents/runtime/outbox"
+)
+
+// sentBatches records the batches a pool's connections send.
+type sentBatches struct {
+	mu      sync.Mutex
+	batches [][]string
+}
+
+func (s *sentBatches) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return ctx
+}
+func (s *sentBatches) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (s *sentBatches) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var sqls []string
+	for _, q := range d.Batch.QueuedQueries {
+		sqls = append(sqls, q.SQL)
+	}
+	s.batches = append(s.batches, sqls)
+	return ctx
+}
+func (s *sentBatches) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (s *sentBatches) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
+
+// sent reports whether a batch was sent whose queries, in order, start
+// with the given prefixes (a prefix "" matches any query).
+func (s *sentBatches) sent(prefixes ...string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, b := range s.batches {
+		for i := 0; i+len(prefixes) <= len(b); i++ {
+			ok := true
+			for j, p := range prefixes {
+				if !strings.HasPrefix(strings.TrimSpace(b[i+j]), p) {
+					ok = false
+					break
+				}
+			}
+			if ok {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// TestHandlerEventsGoWithTheCommit: the handler's transaction is an
+// outbox.PipelineTx: its BEGIN goes with the dedup insert, the events the
+// handler writes commit (or roll back) with its effects, and with one
+// transaction per message they go with the COMMIT.
+func TestHandlerEventsGoWithTheCommit(t *testing.T) {
+	t.Parallel()
+	for _, maxBatch := range []int{1, DefaultMaxBatch} {
+		t.Run(fmt.Sprintf("batch-%d", maxBatch), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			b := setup(t, 1)
+			if err := outbox.Migrate(ctx, b.pool); err != nil {
+				t.Fatal(err)
+			}
+			cfg := b.pool.Config()
+			trace := &sentBatches{}
+			cfg.ConnConfig.Tracer = trace
+			pool, err := pgxpool.NewWithConfig(ctx, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer pool.Close()
+			w, err := outbox.NewWriter()
+			if err != nil {
+				t.Fatal(err)
+			}
+			followUp := testenv.Descriptor(testenv.Topic(t, "follow-up"))
+			h := Bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
+				if _, err := tx.Exec(ctx, `INSERT INTO effects (consumer, event_id, k, n, part, off) VALUES ($1, $2, $3, $4, $5, $6)`,
+					"pipe", meta.EventID.String(), string(ev.EventKey()), ev.Seq(), meta.Partition, meta.Offset); err != nil {
+					return err
+				}
+				if _, err := w.Write(ctx, tx, testenv.NewEvent(followUp, string(ev.EventKey()), ev.Seq())); err != nil {
+					return err
+				}
+				if string(ev.EventKey()) == "refused" {
+					return Permanent(errors.New("refused after writing its event"))
+				}
+				return nil
+			})
+			c, err := New(Config{Name: "pipe", Brokers: b.kafka.Brokers, DB: pool}, h,
+				append(fastOptions(), WithMaxBatch(maxBatch))...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.produce(t, message(t, b.event(t, "kept", 1), nil), message(t, b.event(t, "refused", 2), nil))
+			r := start(t, c)
+			b.effectsAtLeast(t, 1, 30*time.Second)
+			b.dlqEntries(t, 1, 30*time.Second)
+			if err := r.stop(); err != nil {
+				t.Fatal(err)
+			}
+			if n := query(t, b.pool, `SELECT count(*) FROM effects`); n != 1 {
+				t.Fatalf("%d effects, want the kept event's", n)
+			}
+			if n := query(t, b.pool, `SELECT count(*) FROM outbox WHERE key = 'kept'::bytea`); n != 1 {
+				t.Fatalf("%d follow-up events of the applied message, want 1", n)
+			}
+			if n := query(t, b.pool, `SELECT count(*) FROM outbox WHERE key = 'refused'::bytea`); n != 0 {
+				t.Fatalf("%d follow-up events of the refused message, want none", n)
+			}
+			if !trace.sent("begin", `INSERT INTO "consumed_events"`) {
+				t.Fatal("no BEGIN sent with the dedup insert")
+			}
+			if maxBatch == 1 && !trace.sent(`INSERT INTO "outbox"`, "COMMIT") {
+				t.Fatal("the handler's event did not go with the COMMIT")
+			}
+		})
+	}
+}
