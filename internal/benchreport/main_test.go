@@ -113,8 +113,8 @@ func TestWatermillRatios(t *testing.T) {
 		"ratio 0.50x (min 0.50, max 0.50, 1 rounds)  target >= 0.7: NOT MET", // drain / claim-and-mark, one round of the baseline
 		"ratio 1.10x (min 1.10, max 1.10, 1 rounds)  target <= 1.2: met",
 		"ratio 1.20x (min 1.20, max 1.20, 1 rounds)  target <= 1.3: met",
-		"ratio 1.38x (min 1.38, max 1.38, 1 rounds)", // write-1 ours / bare-pipe: 220000 / 160000
-		"ratio 1.50x (min 1.50, max 1.50, 1 rounds)", // write-8 ours / bare-pipe: 60000 / 40000
+		"ratio 1.38x (min 1.38, max 1.38, 1 rounds)",                         // write-1 ours / bare-pipe: 220000 / 160000
+		"ratio 1.50x (min 1.50, max 1.50, 1 rounds)",                         // write-8 ours / bare-pipe: 60000 / 40000
 		"ratio 0.67x (min 0.67, max 0.67, 1 rounds)  target <= 0.5: NOT MET", // 8 / 12
 		"ratio 0.45x (min 0.45, max 0.45, 1 rounds)  target <= 0.5: met",     // 9 / 20
 		"ratio 1.00x (min 1.00, max 1.00, 1 rounds)  target >= 0.99: met",    // 1999 / 2000
