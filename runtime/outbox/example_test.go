@@ -44,8 +44,9 @@ func ExampleWriter_Write() {
 }
 
 // BeginFunc replaces pgx.BeginFunc where a transaction writes events: the
-// outbox rows are sent with the COMMIT, so the events cost the business
-// transaction no round trip of their own.
+// BEGIN is sent with the first statement and the outbox rows with the
+// COMMIT, so this transaction is two round trips, one fewer than the
+// business insert alone on pgx.BeginFunc.
 func ExampleBeginFunc() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -59,6 +60,7 @@ func ExampleBeginFunc() {
 	}
 	var placed events.Event // a generated event message, e.g. &ordersv1.OrderPlaced{...}
 	err = outbox.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		// The first statement carries the BEGIN, in one batch.
 		if _, err := tx.Exec(ctx, `INSERT INTO orders (id, customer) VALUES ($1, $2)`, "o-1", "c-7"); err != nil {
 			return err
 		}

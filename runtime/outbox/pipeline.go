@@ -38,7 +38,8 @@ import (
 //     a prepared statement; those, CopyFrom, Conn and LargeObjects (the
 //     last two under the context given to Begin, without its
 //     cancellation), and a BeginQuery of several statements, send the
-//     BEGIN alone first, as pgx does;
+//     BEGIN alone first, as pgx does (a CommitQuery of several statements
+//     likewise goes alone, after the queued rows);
 //   - a BEGIN the database refuses (a malformed BeginQuery) is reported by
 //     the first statement, which then has not run, and by every later one;
 //     a first statement that fails before the BEGIN took effect (it cannot
@@ -56,9 +57,9 @@ import (
 //     by Write, as on any transaction;
 //   - rolling back a savepoint drops the rows queued since it was opened;
 //     savepoints opened with Begin cost nothing extra, and savepoint
-//     statements sent as SQL text (as some libraries do) first send the
-//     queued rows, so either way the rows share the fate of the statements
-//     around them;
+//     statements sent as SQL text (as some libraries do), like any text of
+//     several statements, first send the queued rows, so either way the
+//     rows share the fate of the statements around them;
 //   - what the database refuses about a row (a missing table, say), or a
 //     transaction that already failed, is reported by Commit, not by
 //     Write; if queued rows may not have reached the database (a savepoint
