@@ -100,10 +100,13 @@ type Handler interface {
 	// message to the DLQ at once.
 	//
 	// Events the handler writes with an outbox.Writer on tx commit or roll
-	// back with its other effects. With one transaction per message
-	// (WithMaxBatch(1)) tx is an outbox.PipelineTx, so they go to the
-	// database with the COMMIT; in a batch, where each handler call runs in
-	// its own savepoint, they are inserted at once.
+	// back with its other effects. When a message is applied in a
+	// transaction of its own (always with WithMaxBatch(1); otherwise for a
+	// retry or a message settled alone) tx runs on an outbox.PipelineTx,
+	// so they go to the database with the COMMIT; in a batch, where each
+	// handler call runs in its own savepoint, they are inserted at once
+	// (written in a nested transaction of tx, they wait for the next
+	// savepoint statement or the COMMIT).
 	Handle(ctx context.Context, tx pgx.Tx, meta events.Meta, ev events.Event) error
 }
 

@@ -426,10 +426,9 @@ func (p *partition) guardedHandler(ctx context.Context, tx, htx pgx.Tx, meta eve
 		gaveUp   bool
 		done     = make(chan error, 1)
 	)
-	// The connection, taken here while this goroutine owns tx: an
-	// outbox.PipelineTx sends its BEGIN when asked for it first (the
-	// dedup insert has sent it already, unless dedup is off).
-	conn := tx.Conn()
+	// The connection, taken without asking tx, whose Conn would send the
+	// BEGIN if it has not gone out (dedup off).
+	conn := rawConn(tx)
 	go func() {
 		err := p.c.traceHandler(ctx, htx, meta, ev, p.r)
 		mu.Lock()
@@ -462,14 +461,17 @@ func (p *partition) guardedHandler(ctx context.Context, tx, htx pgx.Tx, meta eve
 		return <-done, false
 	}
 	gaveUp = true
-	mu.Unlock()
-	p.log.Error("consumer: handler ignored its context and is still running; abandoning it and closing its database connection (its transaction rolls back)",
-		"event_id", meta.EventID, "event_type", meta.Type, "offset", meta.Offset, "attempt", meta.Attempt, "cause", context.Cause(ctx))
 	// Closing the socket is safe while the handler's goroutine uses the
 	// connection: its next call fails and the pool discards the connection.
+	// It happens under mu, before the handler's goroutine can see gaveUp,
+	// roll back and return the connection to the pool, where the socket
+	// would be another transaction's.
 	if pc := conn.PgConn(); pc != nil {
 		_ = pc.Conn().Close()
 	}
+	mu.Unlock()
+	p.log.Error("consumer: handler ignored its context and is still running; abandoning it and closing its database connection (its transaction rolls back)",
+		"event_id", meta.EventID, "event_type", meta.Type, "offset", meta.Offset, "attempt", meta.Attempt, "cause", context.Cause(ctx))
 	return nil, true
 }
 

@@ -11,20 +11,39 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
 
 	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
 )
 
-// sentBatches records the batches a pool's connections send.
+// sentBatches records what a pool's connections send, alone and in
+// batches.
 type sentBatches struct {
 	mu      sync.Mutex
+	queries []string
 	batches [][]string
 }
 
-func (s *sentBatches) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+func (s *sentBatches) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.queries = append(s.queries, d.SQL)
 	return ctx
+}
+
+// alone reports whether a statement starting with prefix was sent on its
+// own.
+func (s *sentBatches) alone(prefix string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, q := range s.queries {
+		if strings.HasPrefix(strings.TrimSpace(q), prefix) {
+			return true
+		}
+	}
+	return false
 }
 func (s *sentBatches) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
 func (s *sentBatches) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
@@ -130,5 +149,98 @@ func TestHandlerEventsGoWithTheCommit(t *testing.T) {
 				t.Fatal("the handler's event did not go with the COMMIT")
 			}
 		})
+	}
+}
+
+// TestBatchHandlerNestedWriteThenFailure: a handler in a batch that writes
+// its event in a nested transaction and then fails has its savepoint rolled
+// back in the aborted transaction, and the rest of the batch stands: every
+// message is handled once, the failing one once more.
+func TestBatchHandlerNestedWriteThenFailure(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, 1)
+	if err := outbox.Migrate(ctx, b.pool); err != nil {
+		t.Fatal(err)
+	}
+	w, err := outbox.NewWriter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	followUp := testenv.Descriptor(testenv.Topic(t, "nested"))
+	var calls counter
+	h := Bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
+		calls.inc()
+		err := pgx.BeginFunc(ctx, tx, func(nested pgx.Tx) error {
+			_, err := w.Write(ctx, nested, testenv.NewEvent(followUp, string(ev.EventKey()), ev.Seq()))
+			return err
+		})
+		if err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO effects (consumer, event_id, k, n, part, off) VALUES ($1, $2, $3, $4, $5, $6)`,
+			"nested", meta.EventID.String(), string(ev.EventKey()), ev.Seq(), meta.Partition, meta.Offset); err != nil {
+			return err
+		}
+		divisor := 1
+		if ev.Seq()%4 == 3 && meta.Attempt == 1 {
+			divisor = 0 // fails once, after its writes, aborting the transaction
+		}
+		_, err = tx.Exec(ctx, `SELECT 1 / $1::int`, divisor)
+		return err
+	})
+	const n = 16
+	msgs := make([]kafka.Message, n)
+	for i := range msgs {
+		msgs[i] = message(t, b.event(t, "k", i), nil)
+	}
+	b.produce(t, msgs...)
+	c, err := New(Config{Name: "nested", Brokers: b.kafka.Brokers, DB: b.pool}, h, append(fastOptions(), WithMaxBatch(n))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := start(t, c)
+	b.effectsAtLeast(t, n, 30*time.Second)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := calls.get(), int64(n+n/4); got != want {
+		t.Fatalf("handler called %d times, want %d (each message once, the %d failing ones once more)", got, want, n/4)
+	}
+	if got := query(t, b.pool, `SELECT count(*) FROM outbox`); got != n {
+		t.Fatalf("%d follow-up events, want %d", got, n)
+	}
+}
+
+// TestNoDedupCarriesBegin: without the dedup insert, the handler's first
+// statement carries the BEGIN; nothing sends it alone.
+func TestNoDedupCarriesBegin(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := setup(t, 1)
+	cfg := b.pool.Config()
+	trace := &sentBatches{}
+	cfg.ConnConfig.Tracer = trace
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pool.Close()
+	b.produce(t, message(t, b.event(t, "a", 1), nil))
+	c, err := New(Config{Name: "nodedup", Brokers: b.kafka.Brokers, DB: pool}, b.handler("nodedup", nil),
+		append(fastOptions(), withoutDedup(), WithMaxBatch(1))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := start(t, c)
+	b.effectsAtLeast(t, 1, 30*time.Second)
+	if err := r.stop(); err != nil {
+		t.Fatal(err)
+	}
+	if !trace.sent("begin", "INSERT INTO effects") {
+		t.Fatal("the BEGIN did not go with the handler's first statement")
+	}
+	if trace.alone("begin") {
+		t.Fatal("a BEGIN was sent alone")
 	}
 }

@@ -538,9 +538,29 @@ func (t *PipelineTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.
 	if err := t.usable(); err != nil {
 		return pgconn.CommandTag{}, err
 	}
+	if len(t.queue) > 0 && discardsQueue(sql) {
+		// Every queued row was written after the newest savepoint (each
+		// scope statement sends the queue), so the rollback would undo
+		// it anyway: drop the rows rather than send them, which in an
+		// aborted transaction would fail and keep the rollback from
+		// running at all.
+		t.queue = nil
+		tag, err := t.exec(ctx, sql, args)
+		if err != nil && t.lost == nil {
+			// The rows are gone but the statements before them may not
+			// be: the transaction must not commit.
+			t.lost = fmt.Errorf("outbox: queued events were dropped for a rollback that failed, so the transaction cannot commit: %w", err)
+		}
+		return tag, err
+	}
 	if err := t.before(ctx, sql); err != nil {
 		return pgconn.CommandTag{}, err
 	}
+	return t.exec(ctx, sql, args)
+}
+
+// exec runs sql on the connection, with the BEGIN if it has not gone out.
+func (t *PipelineTx) exec(ctx context.Context, sql string, args []any) (pgconn.CommandTag, error) {
 	if t.tx == nil && canCarryBegin(sql, args) {
 		b := &pgx.Batch{}
 		b.Queue(sql, args...)
@@ -580,11 +600,25 @@ func (t *PipelineTx) sendQueue(ctx context.Context) error {
 // in the wrong scope. A text of several statements counts as one, whatever
 // they are: any of them might.
 func scopeStatement(sql string) bool {
+	return severalStatements(sql) ||
+		startsWithKeyword(sql, "savepoint", "release", "rollback", "commit", "end", "abort", "prepare")
+}
+
+// discardsQueue reports whether sql is one statement that rolls back the
+// transaction or to a savepoint (ROLLBACK [TO], ABORT), which undoes every
+// queued row.
+func discardsQueue(sql string) bool {
 	if severalStatements(sql) {
-		return true
+		return false
 	}
+	return startsWithKeyword(sql, "rollback", "abort")
+}
+
+// startsWithKeyword reports whether sql, after any leading comments, starts
+// with one of the keywords (lower case), in any case.
+func startsWithKeyword(sql string, keywords ...string) bool {
 	s := skipComments(sql)
-	for _, kw := range []string{"savepoint", "release", "rollback", "commit", "end", "abort", "prepare"} {
+	for _, kw := range keywords {
 		if len(s) >= len(kw) && strings.EqualFold(s[:len(kw)], kw) && (len(s) == len(kw) || !isIdentByte(s[len(kw)])) {
 			return true
 		}

@@ -751,3 +751,67 @@ func TestPipelineTxEndsWithoutQueuedRows(t *testing.T) {
 		t.Fatalf("%d rows committed, want the order and its event", n)
 	}
 }
+
+// TestPipelineTxRollbackTextDropsQueue: a ROLLBACK TO sent as text drops
+// the rows queued since the savepoint instead of sending them first, so it
+// works in a transaction a failed statement aborted (as the consumer's
+// per-event savepoints do); a rollback that fails leaves the transaction
+// unable to commit, since its rows are gone.
+func TestPipelineTxRollbackTextDropsQueue(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, w := pipelineFixture(t)
+	d := descriptorFor("rollback-text")
+	tx, err := Begin(ctx, pool, pgx.TxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SAVEPOINT handler`); err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, tx, func(nested pgx.Tx) error {
+		_, err := w.Write(ctx, nested, newEvent(d, "undone", 0))
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `SELECT 1 / $1::int`, 0); err == nil {
+		t.Fatal("division by zero accepted")
+	}
+	if _, err := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT handler`); err != nil {
+		t.Fatalf("rollback to the savepoint in an aborted transaction: %v", err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1)`, "kept"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(ctx, tx, newEvent(d, "kept", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	wantOutbox(t, pool, "kept/1")
+
+	tx, err = Begin(ctx, pool, pgx.TxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1)`, "orphan"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(ctx, tx, newEvent(d, "orphan", 2)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT no_such_savepoint`); err == nil {
+		t.Fatal("rollback to a missing savepoint accepted")
+	}
+	if err := tx.Commit(ctx); !errors.Is(err, pgx.ErrTxCommitRollback) {
+		t.Fatalf("Commit after a failed rollback dropped the events: %v, want ErrTxCommitRollback", err)
+	}
+	if n := count(t, pool, `SELECT count(*) FROM orders WHERE id = 'orphan'`); n != 0 {
+		t.Fatal("the order committed without its event")
+	}
+}
