@@ -76,7 +76,7 @@ func (c *Consumer) begin(ctx context.Context, r *route) (pgx.Tx, error) {
 	if !r.sql {
 		pc, err := c.cfg.DB.Acquire(ctx)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("acquire a connection: %w", err)
 		}
 		tx, err := outbox.BeginConn(ctx, pc.Conn(), pgx.TxOptions{})
 		if err != nil {

@@ -58,8 +58,9 @@ import (
 //   - rolling back a savepoint drops the rows queued since it was opened;
 //     savepoints opened with Begin cost nothing extra, and savepoint
 //     statements sent as SQL text (as some libraries do), like any text of
-//     several statements, first send the queued rows, so either way the
-//     rows share the fate of the statements around them;
+//     several statements, first send the queued rows (a ROLLBACK [TO]
+//     drops them, as it would once they were sent), so either way the rows
+//     share the fate of the statements around them;
 //   - what the database refuses about a row (a missing table, say), or a
 //     transaction that already failed, is reported by Commit, not by
 //     Write; if queued rows may not have reached the database (a savepoint
@@ -527,10 +528,14 @@ func (t *PipelineTx) Begin(ctx context.Context) (pgx.Tx, error) {
 }
 
 // Exec runs sql in the transaction. A savepoint statement sent as SQL
-// text (SAVEPOINT, RELEASE, ROLLBACK [TO]) and an outbox INSERT that
-// reached the transaction some other way (a Writer given a wrapper of it)
-// first have the queued rows sent, so that savepoints decide their fate
-// as they would an INSERT's and ids keep the order of the writes.
+// text (SAVEPOINT, RELEASE), any text of several statements, and an outbox
+// INSERT that reached the transaction some other way (a Writer given a
+// wrapper of it) first have the queued rows sent, so that savepoints decide
+// their fate as they would an INSERT's and ids keep the order of the
+// writes. A single ROLLBACK [TO] drops them instead, which is what it would
+// do to them once sent, and works in a transaction a failed statement
+// aborted; should it fail without running, the transaction refuses to
+// commit.
 //
 // The transaction's first statement carries its BEGIN, in one batch
 // (pgx.Batch.BeginTx), which saves the round trip pgx.BeginTx spends on it.
@@ -539,17 +544,15 @@ func (t *PipelineTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.
 		return pgconn.CommandTag{}, err
 	}
 	if len(t.queue) > 0 && discardsQueue(sql) {
-		// Every queued row was written after the newest savepoint (each
-		// scope statement sends the queue), so the rollback would undo
-		// it anyway: drop the rows rather than send them, which in an
-		// aborted transaction would fail and keep the rollback from
+		// Dropping the rows is what sending them and then rolling back
+		// would do (rows sent now land after every existing savepoint),
+		// without sending them into a transaction a failed statement
+		// aborted, where they would fail and keep the rollback from
 		// running at all.
 		t.queue = nil
 		tag, err := t.exec(ctx, sql, args)
-		if err != nil && t.lost == nil {
-			// The rows are gone but the statements before them may not
-			// be: the transaction must not commit.
-			t.lost = fmt.Errorf("outbox: queued events were dropped for a rollback that failed, so the transaction cannot commit: %w", err)
+		if err != nil {
+			t.droppedFor(err)
 		}
 		return tag, err
 	}
@@ -557,6 +560,18 @@ func (t *PipelineTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.
 		return pgconn.CommandTag{}, err
 	}
 	return t.exec(ctx, sql, args)
+}
+
+// droppedFor records that queued rows were dropped for a rollback that
+// failed with err. If the rollback never ran (a cancelled context) and the
+// transaction is still open, the statements made with the rows stand
+// without them: the transaction must not commit. If the database refused it,
+// the transaction is aborted and only a later rollback (which undoes those
+// statements too) or the end can follow, so nothing is lost.
+func (t *PipelineTx) droppedFor(err error) {
+	if t.lost == nil && t.conn.PgConn().TxStatus() != 'E' {
+		t.lost = fmt.Errorf("outbox: queued events were dropped for a rollback that failed, so the transaction cannot commit: %w", err)
+	}
 }
 
 // exec runs sql on the connection, with the BEGIN if it has not gone out.
@@ -584,6 +599,13 @@ func (t *PipelineTx) exec(ctx context.Context, sql string, args []any) (pgconn.C
 // them (see Exec).
 func (t *PipelineTx) before(ctx context.Context, sql string) error {
 	if len(t.queue) == 0 || !(scopeStatement(sql) || outboxInsert(sql)) {
+		return nil
+	}
+	if discardsQueue(sql) && t.conn.PgConn().TxStatus() == 'E' {
+		// A rollback in an aborted transaction (by Query or a batch; Exec
+		// drops the rows in any state): the rows could not be sent, and
+		// the rollback undoes them (see Exec).
+		t.queue = nil
 		return nil
 	}
 	return t.sendQueue(ctx)
@@ -912,12 +934,7 @@ func (s *pipelineSavepoint) Rollback(ctx context.Context) error {
 	s.root.queue = nil
 	if _, err := s.root.conn.Exec(ctx, sqlRollbackToSavepoint+s.name); err != nil {
 		err = fmt.Errorf("outbox: roll back to savepoint: %w", err)
-		if s.root.lost == nil {
-			// The rows written since the savepoint are gone from the
-			// queue but the database did not roll back the business
-			// statements made with them.
-			s.root.lost = err
-		}
+		s.root.droppedFor(err)
 		return err
 	}
 	return nil

@@ -814,4 +814,46 @@ func TestPipelineTxRollbackTextDropsQueue(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM orders WHERE id = 'orphan'`); n != 0 {
 		t.Fatal("the order committed without its event")
 	}
+
+	// A refused rollback aborts the transaction; a later rollback to an
+	// existing savepoint recovers it, and it commits as any pgx
+	// transaction would. Query sends the rollback this time.
+	tx, err = Begin(ctx, pool, pgx.TxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := tx.Exec(ctx, `SAVEPOINT y`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1)`, "undone-2"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(ctx, tx, newEvent(d, "undone-2", 3)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `ROLLBACK TO SAVEPOINT no_such_savepoint`); err == nil {
+		t.Fatal("rollback to a missing savepoint accepted")
+	}
+	rows, err := tx.Query(ctx, `ROLLBACK TO SAVEPOINT y`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		t.Fatalf("rollback to the savepoint after a refused one: %v", err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1)`, "recovered"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(ctx, tx, newEvent(d, "recovered", 4)); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatalf("Commit of a recovered transaction: %v", err)
+	}
+	wantOutbox(t, pool, "kept/1 recovered/4")
+	if n := count(t, pool, `SELECT count(*) FROM orders WHERE id LIKE 'undone%'`); n != 0 {
+		t.Fatalf("%d rolled-back orders committed", n)
+	}
 }
