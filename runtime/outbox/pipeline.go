@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -241,11 +242,11 @@ func (t *PipelineTx) beginFailed(err error) error {
 var errBeginAlone = errors.New("outbox: send the BEGIN alone")
 
 // send sends b in the transaction. While the BEGIN has not gone out, it
-// goes first in the same batch if carry allows (see canCarryBegin), and on
-// its own before b otherwise. Reading b's results and closing them is the
+// goes first in the same batch (unless a BeginQuery of several statements
+// must go alone, before b). Reading b's results and closing them is the
 // caller's.
-func (t *PipelineTx) send(ctx context.Context, b *pgx.Batch, carry bool) (pgx.BatchResults, error) {
-	if t.tx == nil && carry && t.carryBegin {
+func (t *PipelineTx) send(ctx context.Context, b *pgx.Batch) (pgx.BatchResults, error) {
+	if t.tx == nil && t.carryBegin {
 		opening := &pgx.Batch{}
 		opening.BeginTx(t.opts)
 		for _, q := range b.QueuedQueries {
@@ -367,7 +368,7 @@ func (t *PipelineTx) flush(ctx context.Context, stmt string, args ...any) (tag p
 	}
 	b.Queue(stmt, args...)
 	t.queue = nil
-	br, err := t.send(ctx, b, true)
+	br, err := t.send(ctx, b)
 	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
@@ -401,15 +402,11 @@ func (t *PipelineTx) Commit(ctx context.Context) error {
 	}
 	t.closed = true
 	defer t.end(ctx)
-	if t.lost != nil {
+	if cause := cmp.Or(t.lost, t.broken); cause != nil {
 		// end rolls back: committing would keep the business change
-		// without its events.
+		// without its events, or the transaction never opened.
 		t.queue = nil
-		return fmt.Errorf("%w: %w", pgx.ErrTxCommitRollback, t.lost)
-	}
-	if t.broken != nil {
-		t.queue = nil
-		return fmt.Errorf("%w: %w", pgx.ErrTxCommitRollback, t.broken)
+		return fmt.Errorf("%w: %w", pgx.ErrTxCommitRollback, cause)
 	}
 	if t.tx == nil && len(t.queue) == 0 {
 		// Nothing was sent, so there is nothing to commit.
@@ -433,10 +430,7 @@ func (t *PipelineTx) Commit(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("outbox: commit: %w", err)
 	}
-	if tag.String() == "ROLLBACK" {
-		return pgx.ErrTxCommitRollback
-	}
-	return nil
+	return commitOutcome(tag)
 }
 
 // closeLargeObjects marks pgx's transaction (which the large-object handles
@@ -463,6 +457,12 @@ func (t *PipelineTx) commitAlone(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	return commitOutcome(tag)
+}
+
+// commitOutcome reads a COMMIT's command tag as pgx does: Postgres answers
+// ROLLBACK to the COMMIT of a transaction that had failed.
+func commitOutcome(tag pgconn.CommandTag) error {
 	if tag.String() == "ROLLBACK" {
 		return pgx.ErrTxCommitRollback
 	}
@@ -576,23 +576,34 @@ func (t *PipelineTx) droppedFor(err error) {
 
 // exec runs sql on the connection, with the BEGIN if it has not gone out.
 func (t *PipelineTx) exec(ctx context.Context, sql string, args []any) (pgconn.CommandTag, error) {
-	if t.tx == nil && canCarryBegin(sql, args) {
-		b := &pgx.Batch{}
-		b.Queue(sql, args...)
-		br, err := t.send(ctx, b, true)
-		if err != nil {
-			return pgconn.CommandTag{}, err
-		}
-		tag, err := br.Exec()
-		if cerr := br.Close(); err == nil {
-			err = cerr
-		}
-		return tag, err
-	}
-	if err := t.open(ctx); err != nil {
+	br, err := t.carry(ctx, sql, args)
+	if err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	return t.conn.Exec(ctx, sql, args...)
+	if br == nil {
+		return t.conn.Exec(ctx, sql, args...)
+	}
+	tag, err := br.Exec()
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return tag, err
+}
+
+// carry readies the transaction for the statement sql: while the BEGIN has
+// not gone out, it sends the BEGIN and the statement together (see
+// canCarryBegin) and returns the batch to read the statement's result from,
+// or sends the BEGIN alone; nil: run the statement on the connection.
+func (t *PipelineTx) carry(ctx context.Context, sql string, args []any) (pgx.BatchResults, error) {
+	if t.tx != nil {
+		return nil, nil
+	}
+	if !canCarryBegin(sql, args) {
+		return nil, t.open(ctx)
+	}
+	b := &pgx.Batch{}
+	b.Queue(sql, args...)
+	return t.send(ctx, b)
 }
 
 // before sends the queued rows ahead of sql when sql must not overtake
@@ -727,15 +738,7 @@ func (t *PipelineTx) prepareQuery(ctx context.Context, sql string, args []any) (
 	if err := t.before(ctx, sql); err != nil {
 		return nil, err
 	}
-	if t.tx != nil {
-		return nil, nil
-	}
-	if !canCarryBegin(sql, args) {
-		return nil, t.open(ctx)
-	}
-	b := &pgx.Batch{}
-	b.Queue(sql, args...)
-	return t.send(ctx, b, true)
+	return t.carry(ctx, sql, args)
 }
 
 // batchRows are the rows of a query sent in a batch after the BEGIN: the
@@ -804,7 +807,7 @@ func (t *PipelineTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResul
 	if len(b.QueuedQueries) == 0 {
 		return t.conn.SendBatch(ctx, b) // sends nothing, as pgx's
 	}
-	br, err := t.send(ctx, b, true)
+	br, err := t.send(ctx, b)
 	if err != nil {
 		return pgx.FailedBatchResults(b, err)
 	}
