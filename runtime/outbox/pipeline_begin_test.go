@@ -166,13 +166,7 @@ func TestPipelineTxFirstStatementCarriesBegin(t *testing.T) {
 		for i, fs := range firstStatements {
 			for _, commit := range []bool{true, false} {
 				id := fmt.Sprintf("%v-%d-%v", mode, i, commit)
-				tx, err := Begin(ctx, pool, pgx.TxOptions{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				// A failing check must not leave the connection acquired:
-				// the pool's Close would wait for it.
-				defer func() { _ = tx.Rollback(ctx) }()
+				tx := beginTx(t, pool, pgx.TxOptions{})
 				trace.sent() // forget the last transaction's
 				if err := fs.run(ctx, tx, id); err != nil {
 					t.Fatalf("%v, %s: %v", mode, fs.name, err)
@@ -188,12 +182,11 @@ func TestPipelineTxFirstStatementCarriesBegin(t *testing.T) {
 				} else if slices.Contains(queries, "begin") || len(batches) != 1 || batches[0][0] != "begin" {
 					t.Fatalf("%v, %s: sent alone %q and in batches %q, want the BEGIN only in a batch with the statement", mode, fs.name, queries, batches)
 				}
+				end := tx.Rollback
 				if commit {
-					err = tx.Commit(ctx)
-				} else {
-					err = tx.Rollback(ctx)
+					end = tx.Commit
 				}
-				if err != nil {
+				if err := end(ctx); err != nil {
 					t.Fatalf("%v, %s: end: %v", mode, fs.name, err)
 				}
 				want := 0
@@ -222,10 +215,7 @@ func TestPipelineTxWithoutStatements(t *testing.T) {
 		func(tx *PipelineTx) error { return tx.Commit(ctx) },
 		func(tx *PipelineTx) error { return tx.Rollback(ctx) },
 	} {
-		tx, err := Begin(ctx, pool, pgx.TxOptions{})
-		if err != nil {
-			t.Fatal(err)
-		}
+		tx := beginTx(t, pool, pgx.TxOptions{})
 		if err := end(tx); err != nil {
 			t.Fatal(err)
 		}
@@ -262,12 +252,8 @@ func TestPipelineTxFailedBegin(t *testing.T) {
 		pool, _ := modePool(t, base, mode)
 		for i, fs := range firstStatements {
 			id := fmt.Sprintf("%v-%d", mode, i)
-			tx, err := Begin(ctx, pool, bad)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = tx.Rollback(ctx) }()
-			err = fs.run(ctx, tx, id)
+			tx := beginTx(t, pool, bad)
+			err := fs.run(ctx, tx, id)
 			if err == nil {
 				t.Fatalf("%v, %s: no error after a refused BEGIN", mode, fs.name)
 			}
@@ -313,15 +299,11 @@ func TestPipelineTxFailedFirstStatement(t *testing.T) {
 	for _, mode := range execModes {
 		pool, _ := modePool(t, base, mode)
 		for _, r := range refused {
-			tx, err := Begin(ctx, pool, pgx.TxOptions{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer func() { _ = tx.Rollback(ctx) }()
+			tx := beginTx(t, pool, pgx.TxOptions{})
 			if _, err := w.Write(ctx, tx, newEvent(descriptorFor("dup"), "a", 0)); err != nil {
 				t.Fatal(err)
 			}
-			_, err = tx.Exec(ctx, r.sql, "taken")
+			_, err := tx.Exec(ctx, r.sql, "taken")
 			var pgErr *pgconn.PgError
 			if !errors.As(err, &pgErr) || pgErr.Code != r.code || strings.Contains(err.Error(), "begin") {
 				t.Fatalf("%v, %s: %v, want SQLSTATE %s as pgx reports it", mode, r.sql, err, r.code)
@@ -344,11 +326,7 @@ func TestPipelineTxUnencodableFirstArgument(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, w := pipelineFixture(t)
-	tx, err := Begin(ctx, pool, pgx.TxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
+	tx := beginTx(t, pool, pgx.TxOptions{})
 	if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1)`, make(chan int)); err == nil || !strings.Contains(err.Error(), "encode") {
 		t.Fatalf("unencodable argument: %v, want pgx's encoding error", err)
 	}
@@ -465,11 +443,7 @@ func TestPipelineTxBeginQueryOfSeveralStatements(t *testing.T) {
 	opts := pgx.TxOptions{BeginQuery: `BEGIN; SET LOCAL statement_timeout = 5000`}
 	for _, mode := range execModes {
 		pool, _ := modePool(t, base, mode)
-		tx, err := Begin(ctx, pool, opts)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer func() { _ = tx.Rollback(ctx) }()
+		tx := beginTx(t, pool, opts)
 		var timeout string
 		if err := tx.QueryRow(ctx, `SELECT current_setting($1)`, "statement_timeout").Scan(&timeout); err != nil || timeout != "5s" {
 			t.Fatalf("%v: statement_timeout %q (%v), want the BeginQuery's 5s", mode, timeout, err)
@@ -532,11 +506,7 @@ func TestPipelineTxConnectionLostInFirstQuery(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, _ := pipelineFixture(t)
-	tx, err := Begin(ctx, pool, pgx.TxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
+	tx := beginTx(t, pool, pgx.TxOptions{})
 	qctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	rows, err := tx.Query(qctx, `SELECT g FROM generate_series(1, $1::int) g`, 50_000_000)
@@ -563,11 +533,7 @@ func TestPipelineTxSendBatchFirst(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, _ := pipelineFixture(t)
-	tx, err := Begin(ctx, pool, pgx.TxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
+	tx := beginTx(t, pool, pgx.TxOptions{})
 	nested := &pgx.Batch{}
 	nested.BeginTx(pgx.TxOptions{})
 	nested.Queue(`INSERT INTO orders VALUES ($1)`, "nested")
@@ -605,10 +571,7 @@ func TestPipelineTxLargeObjectsEndWithTheTransaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	tx, err := Begin(ctx, pool, pgx.TxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := beginTx(t, pool, pgx.TxOptions{})
 	if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1)`, "lo"); err != nil {
 		t.Fatal(err)
 	}
@@ -643,10 +606,7 @@ func TestPipelineTxStatementTexts(t *testing.T) {
 	pool, w := pipelineFixture(t)
 	d := descriptorFor("texts")
 	// The COMMIT inside the text commits the queued event with the order.
-	tx, err := Begin(ctx, pool, pgx.TxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := beginTx(t, pool, pgx.TxOptions{})
 	if _, err := w.Write(ctx, tx, newEvent(d, "c", 0)); err != nil {
 		t.Fatal(err)
 	}
@@ -659,11 +619,7 @@ func TestPipelineTxStatementTexts(t *testing.T) {
 		t.Fatalf("COMMIT in a text: %d order rows and %d events kept, want 1 and 1", orders, events)
 	}
 	// The ROLLBACK TO inside the text drops the event with the order.
-	tx, err = Begin(ctx, pool, pgx.TxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
+	tx = beginTx(t, pool, pgx.TxOptions{})
 	if _, err := tx.Exec(ctx, `SAVEPOINT s`); err != nil {
 		t.Fatal(err)
 	}
@@ -730,11 +686,7 @@ func TestPipelineTxEndsWithoutQueuedRows(t *testing.T) {
 	pool, w := pipelineFixture(t)
 	done, cancel := context.WithCancel(ctx)
 	cancel()
-	tx, err := Begin(ctx, pool, pgx.TxOptions{CommitQuery: `COMMIT; SELECT 1`})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
+	tx := beginTx(t, pool, pgx.TxOptions{CommitQuery: `COMMIT; SELECT 1`})
 	if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1)`, "sp"); err != nil {
 		t.Fatal(err)
 	}
@@ -762,15 +714,11 @@ func TestPipelineTxRollbackTextDropsQueue(t *testing.T) {
 	ctx := context.Background()
 	pool, w := pipelineFixture(t)
 	d := descriptorFor("rollback-text")
-	tx, err := Begin(ctx, pool, pgx.TxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
+	tx := beginTx(t, pool, pgx.TxOptions{})
 	if _, err := tx.Exec(ctx, `SAVEPOINT handler`); err != nil {
 		t.Fatal(err)
 	}
-	err = pgx.BeginFunc(ctx, tx, func(nested pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, tx, func(nested pgx.Tx) error {
 		_, err := w.Write(ctx, nested, newEvent(d, "undone", 0))
 		return err
 	})
@@ -794,11 +742,7 @@ func TestPipelineTxRollbackTextDropsQueue(t *testing.T) {
 	}
 	wantOutbox(t, pool, "kept/1")
 
-	tx, err = Begin(ctx, pool, pgx.TxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
+	tx = beginTx(t, pool, pgx.TxOptions{})
 	if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1)`, "orphan"); err != nil {
 		t.Fatal(err)
 	}
@@ -818,11 +762,7 @@ func TestPipelineTxRollbackTextDropsQueue(t *testing.T) {
 	// A refused rollback aborts the transaction; a later rollback to an
 	// existing savepoint recovers it, and it commits as any pgx
 	// transaction would. Query sends the rollback this time.
-	tx, err = Begin(ctx, pool, pgx.TxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer func() { _ = tx.Rollback(ctx) }()
+	tx = beginTx(t, pool, pgx.TxOptions{})
 	if _, err := tx.Exec(ctx, `SAVEPOINT y`); err != nil {
 		t.Fatal(err)
 	}
@@ -856,4 +796,18 @@ func TestPipelineTxRollbackTextDropsQueue(t *testing.T) {
 	if n := count(t, pool, `SELECT count(*) FROM orders WHERE id LIKE 'undone%'`); n != 0 {
 		t.Fatalf("%d rolled-back orders committed", n)
 	}
+}
+
+// beginTx begins a PipelineTx on pool, failing the test if it cannot, and
+// rolls it back when the test ends (a no-op once it has ended), so that a
+// failing check does not leave the connection acquired: the pool's Close
+// would wait for it.
+func beginTx(t *testing.T, pool *pgxpool.Pool, opts pgx.TxOptions) *PipelineTx {
+	t.Helper()
+	tx, err := Begin(context.Background(), pool, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	return tx
 }

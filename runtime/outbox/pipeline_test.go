@@ -98,11 +98,7 @@ func TestPipelineTxCommitsQueuedRowsInOrder(t *testing.T) {
 	ctx := context.Background()
 	pool, w := pipelineFixture(t)
 	d := descriptorFor("piped")
-	tx, err := Begin(ctx, pool, pgx.TxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tx.Rollback(ctx)
+	tx := beginTx(t, pool, pgx.TxOptions{})
 	if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ('o-1')`); err != nil {
 		t.Fatal(err)
 	}
@@ -258,10 +254,7 @@ func TestPipelineTxRollbackDropsRows(t *testing.T) {
 	if !errors.Is(err, failed) {
 		t.Fatalf("BeginFunc: %v, want the function's error", err)
 	}
-	tx, err := Begin(ctx, pool, pgx.TxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := beginTx(t, pool, pgx.TxOptions{})
 	if _, err := w.Write(ctx, tx, newEvent(d, "a", 1)); err != nil {
 		t.Fatal(err)
 	}
@@ -395,10 +388,7 @@ func TestPipelineTxFailedCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	d := descriptorFor("failing")
-	tx, err := Begin(ctx, pool, pgx.TxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := beginTx(t, pool, pgx.TxOptions{})
 	if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ('o-1')`); err != nil {
 		t.Fatal(err)
 	}
@@ -419,10 +409,7 @@ func TestPipelineTxFailedCommit(t *testing.T) {
 		t.Fatalf("%d connections still acquired after a failed Commit", n)
 	}
 	// A transaction that failed before Commit reports it as pgx does.
-	tx, err = Begin(ctx, pool, pgx.TxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx = beginTx(t, pool, pgx.TxOptions{})
 	if _, err := w.Write(ctx, tx, newEvent(d, "a", 2)); err != nil {
 		t.Fatal(err)
 	}
@@ -539,10 +526,7 @@ func TestPipelineTxFailedFlushCannotCommit(t *testing.T) {
 	ctx := context.Background()
 	pool, w := pipelineFixture(t)
 	d := descriptorFor("lost")
-	tx, err := Begin(ctx, pool, pgx.TxOptions{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	tx := beginTx(t, pool, pgx.TxOptions{})
 	if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ('o-1')`); err != nil {
 		t.Fatal(err)
 	}
