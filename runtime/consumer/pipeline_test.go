@@ -4,82 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
 )
-
-// sentBatches records what a pool's connections send, alone and in
-// batches.
-type sentBatches struct {
-	mu      sync.Mutex
-	queries []string
-	batches [][]string
-}
-
-func (s *sentBatches) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.queries = append(s.queries, d.SQL)
-	return ctx
-}
-
-// alone reports whether a statement starting with prefix was sent on its
-// own.
-func (s *sentBatches) alone(prefix string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, q := range s.queries {
-		if strings.HasPrefix(strings.TrimSpace(q), prefix) {
-			return true
-		}
-	}
-	return false
-}
-func (s *sentBatches) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-func (s *sentBatches) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var sqls []string
-	for _, q := range d.Batch.QueuedQueries {
-		sqls = append(sqls, q.SQL)
-	}
-	s.batches = append(s.batches, sqls)
-	return ctx
-}
-func (s *sentBatches) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (s *sentBatches) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
-// sent reports whether a batch was sent whose queries, in order, start
-// with the given prefixes (a prefix "" matches any query).
-func (s *sentBatches) sent(prefixes ...string) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, b := range s.batches {
-		for i := 0; i+len(prefixes) <= len(b); i++ {
-			ok := true
-			for j, p := range prefixes {
-				if !strings.HasPrefix(strings.TrimSpace(b[i+j]), p) {
-					ok = false
-					break
-				}
-			}
-			if ok {
-				return true
-			}
-		}
-	}
-	return false
-}
 
 // TestHandlerEventsGoWithTheCommit: the handler's transaction is an
 // outbox.PipelineTx: its BEGIN goes with the dedup insert, the events the
@@ -95,14 +29,7 @@ func TestHandlerEventsGoWithTheCommit(t *testing.T) {
 			if err := outbox.Migrate(ctx, b.pool); err != nil {
 				t.Fatal(err)
 			}
-			cfg := b.pool.Config()
-			trace := &sentBatches{}
-			cfg.ConnConfig.Tracer = trace
-			pool, err := pgxpool.NewWithConfig(ctx, cfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer pool.Close()
+			pool, trace := testenv.TracedPool(t, b.pool)
 			w, err := outbox.NewWriter()
 			if err != nil {
 				t.Fatal(err)
@@ -142,10 +69,10 @@ func TestHandlerEventsGoWithTheCommit(t *testing.T) {
 			if n := query(t, b.pool, `SELECT count(*) FROM outbox WHERE key = 'refused'::bytea`); n != 0 {
 				t.Fatalf("%d follow-up events of the refused message, want none", n)
 			}
-			if !trace.sent("begin", `INSERT INTO "consumed_events"`) {
+			if !trace.Batch("begin", `INSERT INTO "consumed_events"`) {
 				t.Fatal("no BEGIN sent with the dedup insert")
 			}
-			if maxBatch == 1 && !trace.sent(`INSERT INTO "outbox"`, "COMMIT") {
+			if maxBatch == 1 && !trace.Batch(`INSERT INTO "outbox"`, "COMMIT") {
 				t.Fatal("the handler's event did not go with the COMMIT")
 			}
 		})
@@ -216,16 +143,8 @@ func TestBatchHandlerNestedWriteThenFailure(t *testing.T) {
 // statement carries the BEGIN; nothing sends it alone.
 func TestNoDedupCarriesBegin(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	b := setup(t, 1)
-	cfg := b.pool.Config()
-	trace := &sentBatches{}
-	cfg.ConnConfig.Tracer = trace
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer pool.Close()
+	pool, trace := testenv.TracedPool(t, b.pool)
 	b.produce(t, message(t, b.event(t, "a", 1), nil))
 	c, err := New(Config{Name: "nodedup", Brokers: b.kafka.Brokers, DB: pool}, b.handler("nodedup", nil),
 		append(fastOptions(), withoutDedup(), WithMaxBatch(1))...)
@@ -237,10 +156,10 @@ func TestNoDedupCarriesBegin(t *testing.T) {
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
-	if !trace.sent("begin", "INSERT INTO effects") {
+	if !trace.Batch("begin", "INSERT INTO effects") {
 		t.Fatal("the BEGIN did not go with the handler's first statement")
 	}
-	if trace.alone("begin") {
+	if trace.Alone("begin") {
 		t.Fatal("a BEGIN was sent alone")
 	}
 }

@@ -12,6 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/protoevents/protoevents/internal/testenv"
 )
 
 // firstStatement is one way a transaction's first statement reaches a
@@ -138,18 +140,9 @@ var execModes = []pgx.QueryExecMode{
 }
 
 // modePool is a traced pool on base's database with the given exec mode.
-func modePool(t *testing.T, base *pgxpool.Pool, mode pgx.QueryExecMode) (*pgxpool.Pool, *roundTrips) {
+func modePool(t *testing.T, base *pgxpool.Pool, mode pgx.QueryExecMode) (*pgxpool.Pool, *testenv.Sent) {
 	t.Helper()
-	cfg := base.Config()
-	cfg.ConnConfig.DefaultQueryExecMode = mode
-	trace := &roundTrips{}
-	cfg.ConnConfig.Tracer = trace
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool, trace
+	return testenv.TracedPool(t, base, func(cfg *pgxpool.Config) { cfg.ConnConfig.DefaultQueryExecMode = mode })
 }
 
 // TestPipelineTxFirstStatementCarriesBegin: whichever way the first
@@ -167,14 +160,14 @@ func TestPipelineTxFirstStatementCarriesBegin(t *testing.T) {
 			for _, commit := range []bool{true, false} {
 				id := fmt.Sprintf("%v-%d-%v", mode, i, commit)
 				tx := beginTx(t, pool, pgx.TxOptions{})
-				trace.sent() // forget the last transaction's
+				trace.Take() // forget the last transaction's
 				if err := fs.run(ctx, tx, id); err != nil {
 					t.Fatalf("%v, %s: %v", mode, fs.name, err)
 				}
 				if _, err := w.Write(ctx, tx, newEvent(d, id, 0)); err != nil {
 					t.Fatalf("%v, %s: write: %v", mode, fs.name, err)
 				}
-				queries, batches := trace.sent()
+				queries, batches := trace.Take()
 				if fs.alone {
 					if len(queries) == 0 || queries[0] != "begin" {
 						t.Fatalf("%v, %s: sent alone %q, want the BEGIN first", mode, fs.name, queries)
@@ -210,7 +203,7 @@ func TestPipelineTxWithoutStatements(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	base, w := pipelineFixture(t)
-	pool, trace := tracedPool(t, base)
+	pool, trace := testenv.TracedPool(t, base)
 	for _, end := range []func(*PipelineTx) error{
 		func(tx *PipelineTx) error { return tx.Commit(ctx) },
 		func(tx *PipelineTx) error { return tx.Rollback(ctx) },
@@ -219,7 +212,7 @@ func TestPipelineTxWithoutStatements(t *testing.T) {
 		if err := end(tx); err != nil {
 			t.Fatal(err)
 		}
-		if q, b := trace.sent(); len(q)+len(b) != 0 {
+		if q, b := trace.Take(); len(q)+len(b) != 0 {
 			t.Fatalf("an empty transaction sent %q and %q, want nothing", q, b)
 		}
 	}
@@ -230,7 +223,7 @@ func TestPipelineTxWithoutStatements(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	q, b := trace.sent()
+	q, b := trace.Take()
 	if len(q) != 0 || len(b) != 1 || len(b[0]) != 3 || b[0][0] != "begin" || b[0][2] != sqlCommit {
 		t.Fatalf("an events-only transaction sent %q and %q, want one batch: begin, the insert, COMMIT", q, b)
 	}

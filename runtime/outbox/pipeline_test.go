@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -141,36 +140,6 @@ func TestPipelineTxCommitsQueuedRowsInOrder(t *testing.T) {
 	}
 }
 
-// roundTrips counts the statements and batches a pool's connections send.
-type roundTrips struct {
-	mu      sync.Mutex
-	queries []string
-	batches [][]string
-}
-
-func (r *roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceQueryStartData) context.Context {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.queries = append(r.queries, d.SQL)
-	return ctx
-}
-
-func (r *roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
-
-func (r *roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, d pgx.TraceBatchStartData) context.Context {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var sqls []string
-	for _, q := range d.Batch.QueuedQueries {
-		sqls = append(sqls, q.SQL)
-	}
-	r.batches = append(r.batches, sqls)
-	return ctx
-}
-
-func (r *roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
-func (r *roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
-
 // TestPipelineTxSendsRowsWithCommit proves the point of PipelineTx from
 // what the connection sends, not from timings: the BEGIN goes with the
 // first statement, writing events sends nothing, and Commit sends the
@@ -180,7 +149,7 @@ func TestPipelineTxSendsRowsWithCommit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	base, w := pipelineFixture(t)
-	pool, trace := tracedPool(t, base)
+	pool, trace := testenv.TracedPool(t, base)
 	d := descriptorFor("counted")
 	err := BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO orders VALUES ($1)`, "o-1"); err != nil {
@@ -196,7 +165,7 @@ func TestPipelineTxSendsRowsWithCommit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	queries, batches := trace.sent()
+	queries, batches := trace.Take()
 	if len(queries) != 0 {
 		t.Fatalf("statements sent on their own: %q, want none", queries)
 	}
@@ -208,30 +177,6 @@ func TestPipelineTxSendsRowsWithCommit(t *testing.T) {
 	if got := len(outboxSeqs(t, base)); got != 3 {
 		t.Fatalf("%d outbox rows committed, want 3", got)
 	}
-}
-
-// tracedPool opens a second pool on base's database whose connections
-// record what they send.
-func tracedPool(t *testing.T, base *pgxpool.Pool) (*pgxpool.Pool, *roundTrips) {
-	t.Helper()
-	cfg := base.Config()
-	trace := &roundTrips{}
-	cfg.ConnConfig.Tracer = trace
-	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
-	return pool, trace
-}
-
-// sent returns what was sent so far, alone and in batches, and forgets it.
-func (r *roundTrips) sent() (queries []string, batches [][]string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	queries, batches = r.queries, r.batches
-	r.queries, r.batches = nil, nil
-	return queries, batches
 }
 
 // TestPipelineTxRollbackDropsRows: a rolled-back transaction (explicitly
