@@ -26,7 +26,9 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     -- (session advisory lock), which keeps per-key order across relays.
     lane         integer     NOT NULL
         GENERATED ALWAYS AS ((hashtext(encode(key, 'hex')) & 2147483647) % {{.Lanes}}) STORED,
-    -- value and headers are the encoded envelope, ready to publish as is.
+    -- value and headers are the encoded envelope. For the envelope formats
+    -- (JSON, Protobuf) headers leave out ce_specversion, ce_id and ce_type,
+    -- which the relay puts back from event_id and event_type.
     value        bytea       NOT NULL,
     headers      jsonb       NOT NULL DEFAULT '[]',
     created_at   timestamptz NOT NULL DEFAULT now(),

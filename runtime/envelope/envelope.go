@@ -11,8 +11,6 @@
 package envelope
 
 import (
-	"bytes"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -205,11 +203,7 @@ func marshalJSON(m proto.Message) ([]byte, error) {
 	if err != nil {
 		return nil, err
 	}
-	var out bytes.Buffer
-	if err := json.Compact(&out, b); err != nil {
-		return nil, err
-	}
-	return out.Bytes(), nil
+	return compactJSON(b), nil
 }
 
 // UnmarshalPayload decodes the payload into dst, a message of the

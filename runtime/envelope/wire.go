@@ -48,24 +48,20 @@ type jsonEnvelope struct {
 // Encode returns the Kafka message value and headers of the envelope. The
 // key is not part of the value: it travels as the Kafka message key.
 func (e *Envelope) Encode() ([]byte, []kafka.Header, error) {
+	// The event ID and the time go in both the value and the headers:
+	// format each once.
+	id := e.EventID.String()
+	at, err := appendTime(make([]byte, 0, len(time.RFC3339Nano)), e.OccurredAt.UTC())
+	if err != nil {
+		return nil, nil, fmt.Errorf("envelope: encode %s %s: %w", e.Type, id, err)
+	}
 	var value []byte
-	var err error
 	switch e.Format {
 	case FormatJSON:
-		value, err = json.Marshal(jsonEnvelope{
-			EventID:       e.EventID.String(),
-			EventType:     e.Type,
-			SchemaVersion: e.SchemaVersion,
-			OccurredAt:    e.OccurredAt.UTC(),
-			Producer:      e.Producer,
-			CorrelationID: e.CorrelationID,
-			CausationID:   e.CausationID,
-			TraceParent:   e.TraceParent,
-			Payload:       json.RawMessage(e.Payload),
-		})
+		value = e.appendJSONEnvelope(make([]byte, 0, jsonEnvelopeOverhead+len(e.Payload)), id, at)
 	case FormatProto:
 		value, err = payloadProto.Marshal(&eventsv1.Envelope{
-			EventId:       e.EventID.String(),
+			EventId:       id,
 			EventType:     e.Type,
 			SchemaVersion: e.SchemaVersion,
 			OccurredAt:    timestamppb.New(e.OccurredAt),
@@ -82,32 +78,56 @@ func (e *Envelope) Encode() ([]byte, []kafka.Header, error) {
 		err = fmt.Errorf("unknown format %v", e.Format)
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("envelope: encode %s %s: %w", e.Type, e.EventID, err)
+		return nil, nil, fmt.Errorf("envelope: encode %s %s: %w", e.Type, id, err)
 	}
-	return value, e.Headers(), nil
+	return value, e.headers(id, at), nil
 }
+
+// jsonEnvelopeOverhead is room for the JSON envelope's names and metadata
+// around the payload, so that it is written without growing.
+const jsonEnvelopeOverhead = 256
 
 // Headers returns the metadata as Kafka headers.
 func (e *Envelope) Headers() []kafka.Header {
-	h := []kafka.Header{
-		{Key: HeaderSpecVersion, Value: []byte("1.0")},
-		{Key: HeaderID, Value: []byte(e.EventID.String())},
-		{Key: HeaderType, Value: []byte(e.Type)},
-		{Key: HeaderSource, Value: []byte(e.Producer)},
-		{Key: HeaderTime, Value: []byte(e.OccurredAt.UTC().Format(time.RFC3339Nano))},
-		{Key: HeaderSchemaVersion, Value: []byte(strconv.FormatUint(uint64(e.SchemaVersion), 10))},
-		{Key: HeaderContentType, Value: []byte(e.Format.ContentType())},
-	}
+	return e.headers(e.EventID.String(), []byte(e.OccurredAt.UTC().Format(time.RFC3339Nano)))
+}
+
+// headers returns the metadata as Kafka headers, given the event ID and
+// time already formatted. The values share one allocation; each is capped
+// at its own length, so appending to one cannot overwrite the next.
+func (e *Envelope) headers(id string, at []byte) []kafka.Header {
+	contentType := e.Format.ContentType()
+	n := 3 + len(id) + len(e.Type) + len(e.Producer) + len(at) + 10 + len(contentType) +
+		len(e.CorrelationID) + len(e.CausationID) + len(e.TraceParent)
+	buf := make([]byte, 0, n)
+	str := func(v string) []byte { return appendCapped(&buf, v) }
+	h := make([]kafka.Header, 7, 10)
+	h[0] = kafka.Header{Key: HeaderSpecVersion, Value: str("1.0")}
+	h[1] = kafka.Header{Key: HeaderID, Value: str(id)}
+	h[2] = kafka.Header{Key: HeaderType, Value: str(e.Type)}
+	h[3] = kafka.Header{Key: HeaderSource, Value: str(e.Producer)}
+	h[4] = kafka.Header{Key: HeaderTime, Value: appendCapped(&buf, at)}
+	var version [10]byte
+	h[5] = kafka.Header{Key: HeaderSchemaVersion, Value: appendCapped(&buf, strconv.AppendUint(version[:0], uint64(e.SchemaVersion), 10))}
+	h[6] = kafka.Header{Key: HeaderContentType, Value: str(contentType)}
 	if e.CorrelationID != "" {
-		h = append(h, kafka.Header{Key: HeaderCorrelationID, Value: []byte(e.CorrelationID)})
+		h = append(h, kafka.Header{Key: HeaderCorrelationID, Value: str(e.CorrelationID)})
 	}
 	if e.CausationID != "" {
-		h = append(h, kafka.Header{Key: HeaderCausationID, Value: []byte(e.CausationID)})
+		h = append(h, kafka.Header{Key: HeaderCausationID, Value: str(e.CausationID)})
 	}
 	if e.TraceParent != "" {
-		h = append(h, kafka.Header{Key: HeaderTraceParent, Value: []byte(e.TraceParent)})
+		h = append(h, kafka.Header{Key: HeaderTraceParent, Value: str(e.TraceParent)})
 	}
 	return h
+}
+
+// appendCapped appends v to *buf and returns the appended bytes, capped at
+// their length.
+func appendCapped[T string | []byte](buf *[]byte, v T) []byte {
+	start := len(*buf)
+	*buf = append(*buf, v...)
+	return (*buf)[start:len(*buf):len(*buf)]
 }
 
 // Decode parses a Kafka message into an envelope. The wire form is taken

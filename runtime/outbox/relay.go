@@ -1023,6 +1023,7 @@ func (l *loop) send(batch []claimed) (*flight, error) {
 		if err != nil {
 			return nil, fmt.Errorf("outbox: relay: row %d (%s): %w", row.ID, row.EventID, err)
 		}
+		hs = publishedHeaders(hs, row.EventID, row.EventType)
 		m := kafka.Message{Topic: row.Topic, Key: row.Key, Value: row.value, Headers: hs}
 		// Cap the batch in bytes so every partition's share fits one
 		// produce request; the rest stays pending for the next batch.

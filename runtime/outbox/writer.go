@@ -205,7 +205,7 @@ func (w *Writer) encode(ev events.Event, po events.PublishOptions) (row, error) 
 	if err != nil {
 		return row{}, fmt.Errorf("outbox: write %s: %w", d.Type, err)
 	}
-	h, err := encodeHeaders(headers)
+	h, err := encodeHeaders(storedHeaders(headers, w.env.Format))
 	if err != nil {
 		return row{}, fmt.Errorf("outbox: write %s %s: %w", d.Type, env.EventID, err)
 	}

@@ -16,13 +16,15 @@ import (
 )
 
 // recordSize is the Kafka record the relay will send for a stored row: key,
-// value and every header's key and value.
-func recordSize(t *testing.T, key, value []byte, headers string) int {
+// value and every header's key and value, the headers as the relay
+// completes them (publishedHeaders).
+func recordSize(t *testing.T, eventID, eventType string, key, value []byte, headers string) int {
 	t.Helper()
 	hs, err := decodeHeaders(headers)
 	if err != nil {
 		t.Fatal(err)
 	}
+	hs = publishedHeaders(hs, eventID, eventType)
 	n := len(key) + len(value)
 	for _, h := range hs {
 		n += len(h.Key) + len(h.Value)
@@ -61,14 +63,14 @@ func TestWriterSizeLimitIsExact(t *testing.T) {
 		t.Fatal(err)
 	}
 	var (
-		key, value []byte
-		headers    string
+		key, value                  []byte
+		eventID, eventType, headers string
 	)
 	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := w.Write(ctx, tx, ev, events.WithEventID(id), events.WithOccurredAt(at)); err != nil {
 			return err
 		}
-		if err := tx.QueryRow(ctx, `SELECT key, value, headers::text FROM outbox`).Scan(&key, &value, &headers); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT event_id, event_type, key, value, headers::text FROM outbox`).Scan(&eventID, &eventType, &key, &value, &headers); err != nil {
 			return err
 		}
 		return errors.New("roll back")
@@ -76,7 +78,7 @@ func TestWriterSizeLimitIsExact(t *testing.T) {
 	if err == nil || err.Error() != "roll back" {
 		t.Fatal(err)
 	}
-	size := recordSize(t, key, value, headers)
+	size := recordSize(t, eventID, eventType, key, value, headers)
 
 	exact, err := NewWriter(WithMaxEventBytes(size))
 	if err != nil {

@@ -1,0 +1,167 @@
+package envelope
+
+import (
+	"fmt"
+	"strconv"
+	"time"
+	"unicode/utf8"
+)
+
+// The JSON envelope is written by hand rather than by encoding/json: the
+// producer encodes one per event inside the caller's business transaction,
+// and reflection, the re-validation of the payload and the copies cost
+// more than everything else in the encoding but protojson itself
+// (docs/design.md, "The producer's encoding"). The bytes are exactly
+// those json.Marshal gives for jsonEnvelope: TestJSONEnvelopeMatchesMarshal
+// holds the two side by side.
+
+// appendJSONEnvelope appends the JSON wire form of e, with id and at its
+// event ID and time already formatted (the headers carry them too).
+func (e *Envelope) appendJSONEnvelope(b []byte, id string, at []byte) []byte {
+	b = append(b, `{"event_id":`...)
+	b = appendJSONString(b, id)
+	b = append(b, `,"event_type":`...)
+	b = appendJSONString(b, e.Type)
+	b = append(b, `,"schema_version":`...)
+	b = strconv.AppendUint(b, uint64(e.SchemaVersion), 10)
+	b = append(b, `,"occurred_at":"`...)
+	b = append(b, at...)
+	b = append(b, `","producer":`...)
+	b = appendJSONString(b, e.Producer)
+	if e.CorrelationID != "" {
+		b = append(b, `,"correlation_id":`...)
+		b = appendJSONString(b, e.CorrelationID)
+	}
+	if e.CausationID != "" {
+		b = append(b, `,"causation_id":`...)
+		b = appendJSONString(b, e.CausationID)
+	}
+	if e.TraceParent != "" {
+		b = append(b, `,"trace_parent":`...)
+		b = appendJSONString(b, e.TraceParent)
+	}
+	b = append(b, `,"payload":`...)
+	if len(e.Payload) == 0 {
+		b = append(b, "null"...) // what json.Marshal writes for an empty RawMessage
+	} else {
+		b = appendHTMLEscaped(b, e.Payload)
+	}
+	return append(b, '}')
+}
+
+// appendTime appends t (UTC) as RFC 3339 with nanoseconds, trailing zeros
+// trimmed: the form of ce_time and of time.Time in JSON. Like
+// time.Time.MarshalJSON it refuses a year outside [0, 9999], which RFC 3339
+// cannot write.
+func appendTime(b []byte, t time.Time) ([]byte, error) {
+	if y := t.Year(); y < 0 || y > 9999 {
+		return b, fmt.Errorf("occurred_at %v: year outside of range [0,9999]", t)
+	}
+	return t.AppendFormat(b, time.RFC3339Nano), nil
+}
+
+const hexDigits = "0123456789abcdef"
+
+// appendJSONString appends s as a JSON string the way encoding/json does
+// (HTML-safe): quotes, backslashes and control characters escaped, <, >
+// and & as \u003c, \u003e and \u0026, U+2028 and U+2029 escaped, and each
+// byte of invalid UTF-8 replaced by \ufffd.
+func appendJSONString(b []byte, s string) []byte {
+	b = append(b, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+				i++
+				continue
+			}
+			b = append(b, s[start:i]...)
+			switch c {
+			case '"', '\\':
+				b = append(b, '\\', c)
+			case '\b':
+				b = append(b, '\\', 'b')
+			case '\f':
+				b = append(b, '\\', 'f')
+			case '\n':
+				b = append(b, '\\', 'n')
+			case '\r':
+				b = append(b, '\\', 'r')
+			case '\t':
+				b = append(b, '\\', 't')
+			default:
+				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size == 1:
+			b = append(b, s[start:i]...)
+			b = append(b, `\ufffd`...)
+		case r == '\u2028' || r == '\u2029':
+			b = append(b, s[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xF])
+		default:
+			i += size
+			continue
+		}
+		i += size
+		start = i
+	}
+	b = append(b, s[start:]...)
+	return append(b, '"')
+}
+
+// appendHTMLEscaped appends src, compact JSON, with <, >, &, U+2028 and
+// U+2029 escaped as json.Marshal escapes them in a json.RawMessage. They
+// can only occur inside strings, where the escapes mean the same text.
+func appendHTMLEscaped(b, src []byte) []byte {
+	start := 0
+	for i := 0; i < len(src); i++ {
+		c := src[i]
+		switch {
+		case c == '<' || c == '>' || c == '&':
+			b = append(b, src[start:i]...)
+			b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
+			start = i + 1
+		case c == 0xE2 && i+2 < len(src) && src[i+1] == 0x80 && src[i+2]&^1 == 0xA8:
+			b = append(b, src[start:i]...)
+			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[src[i+2]&0xF])
+			start = i + 3
+			i += 2
+		}
+	}
+	return append(b, src[start:]...)
+}
+
+// compactJSON removes the whitespace between the tokens of b, valid JSON,
+// in place and returns the shortened slice. It is json.Compact for input
+// known to be valid (protojson's output), without the validating scanner.
+func compactJSON(b []byte) []byte {
+	out := 0
+	inString, escaped := false, false
+	for _, c := range b {
+		switch {
+		case inString:
+			switch {
+			case escaped:
+				escaped = false
+			case c == '\\':
+				escaped = true
+			case c == '"':
+				inString = false
+			}
+		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
+			continue
+		case c == '"':
+			inString = true
+		}
+		b[out] = c
+		out++
+	}
+	return b[:out]
+}
