@@ -23,9 +23,13 @@ CREATE TABLE IF NOT EXISTS {{.Table}} (
     topic        text        NOT NULL,
     key          bytea       NOT NULL,
     -- lane partitions the rows by key hash; one relay at a time owns a lane
-    -- (session advisory lock), which keeps per-key order across relays.
-    lane         integer     NOT NULL
-        GENERATED ALWAYS AS ((hashtext(encode(key, 'hex')) & 2147483647) % {{.Lanes}}) STORED,
+    -- (session advisory lock), which keeps per-key order across relays. The
+    -- writer's INSERT computes it, (hashtext(encode(key, 'hex')) & 2147483647)
+    -- % {{.Lanes}}, in the statement Postgres plans once; tables of earlier
+    -- versions generate the same value in a column that re-plans its
+    -- expression on every insert, and keep doing so (docs/design.md, "The
+    -- lane comes with the INSERT").
+    lane         integer     NOT NULL,
     -- value and headers are the encoded envelope. For the envelope formats
     -- (JSON, Protobuf) headers leave out ce_specversion, ce_id and ce_type,
     -- which the relay puts back from event_id and event_type.

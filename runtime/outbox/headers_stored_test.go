@@ -141,11 +141,13 @@ func TestRelaySendsEveryHeader(t *testing.T) {
 	}
 	// A row as earlier versions wrote it: every header in the column.
 	old := events.EventID{9}
-	env, err := envelope.New(newEvent(b.d, "k", 9), events.ApplyPublishOptions([]events.PublishOption{events.WithEventID(old), events.WithOccurredAt(at)}), envelope.Options{Producer: "p"})
+	oldEvent := newEvent(b.d, "k", 9)
+	oldOpts := []events.PublishOption{events.WithEventID(old), events.WithOccurredAt(at)}
+	env, err := envelope.New(oldEvent, events.ApplyPublishOptions(oldOpts), envelope.Options{Producer: "p"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	value, hs, err := env.Encode()
+	_, hs, err := env.Encode()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,8 +155,18 @@ func TestRelaySendsEveryHeader(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.pool.Exec(ctx, `INSERT INTO outbox (event_id, event_type, topic, key, value, headers) VALUES ($1, $2, $3, $4, $5, $6)`,
-		old.String(), env.Type, b.topic, env.Key, value, text); err != nil {
+	w, err := NewWriter(WithProducer("p"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = pgx.BeginFunc(ctx, b.pool, func(tx pgx.Tx) error {
+		if _, err := w.Write(ctx, tx, oldEvent, oldOpts...); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `UPDATE outbox SET headers = $1::jsonb WHERE event_id = $2`, text, old.String())
+		return err
+	})
+	if err != nil {
 		t.Fatal(err)
 	}
 	want[old.String()] = headerText(hs)

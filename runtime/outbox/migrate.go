@@ -94,7 +94,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
 func resolve(ctx context.Context, q querier, t tableName) (resolvedTable, error) {
 	var r resolvedTable
 	var comment string
-	err := q.QueryRow(ctx, sqlResolve, t.sanitized()).Scan(&r.oid, &r.schema, &r.name, &comment)
+	err := q.QueryRow(ctx, sqlResolve, t.sanitized()).Scan(&r.oid, &r.schema, &r.name, &comment, &r.laneGenerated)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return r, fmt.Errorf("%w: %s", ErrNoTable, t)
 	}

@@ -357,6 +357,12 @@ func (t *PipelineTx) flush(ctx context.Context, stmt string, args ...any) (tag p
 		return pgconn.CommandTag{}, t.broken
 	}
 	runs := t.runs()
+	for _, run := range runs {
+		// A Writer's first rows: read its table's shape, on the
+		// connection itself (inside the transaction if it has begun, a
+		// catalog read of its own if not).
+		run[0].w.learn(ctx, t.conn)
+	}
 	b := &pgx.Batch{}
 	for _, run := range runs {
 		rows := make([]row, len(run))
@@ -375,7 +381,7 @@ func (t *PipelineTx) flush(ctx context.Context, stmt string, args ...any) (tag p
 	for _, run := range runs {
 		if _, err := br.Exec(); err != nil {
 			_ = br.Close()
-			return pgconn.CommandTag{}, fmt.Errorf("outbox: insert %d queued events into %s: %w", len(run), run[0].w.table, missingTable(err))
+			return pgconn.CommandTag{}, fmt.Errorf("outbox: insert %d queued events into %s: %w", len(run), run[0].w.table, run[0].w.insertFailed(err))
 		}
 	}
 	tag, err = br.Exec()

@@ -25,7 +25,10 @@ const (
 	sqlCurrentSchema = `SELECT current_schema()`
 	// sqlResolve finds an outbox table by its (quoted) name, as the
 	// search_path resolves it.
-	sqlResolve = `SELECT c.oid, n.nspname, c.relname, COALESCE(obj_description(c.oid, 'pg_class'), '')
+	// Its last column tells whether the table generates its lane column
+	// (tables of earlier versions) or a Writer fills it in.
+	sqlResolve = `SELECT c.oid, n.nspname, c.relname, COALESCE(obj_description(c.oid, 'pg_class'), ''),
+  EXISTS (SELECT FROM pg_attribute a WHERE a.attrelid = c.oid AND a.attname = 'lane' AND a.attgenerated <> '' AND NOT a.attisdropped)
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
 WHERE c.oid = to_regclass($1)`
 
@@ -76,11 +79,49 @@ WHERE locktype = 'advisory' AND granted AND objsubid = 2
 // PipelineTx recognises the Writer's statements by it.
 const insertColumns = `(event_id, event_type, topic, key, value, headers`
 
-// queries are the statements on one outbox table.
+// inserts are a Writer's statements on one outbox table. A table created
+// by this version has a plain lane column, which the statements fill in
+// with laneOf (lanes > 0); tables of earlier versions generate it
+// themselves (lanes 0). Both give a key the same lane.
+type inserts struct {
+	insert      string
+	insertFixed string
+	insertBatch string
+}
+
+func newInserts(table string, lanes int) inserts {
+	cols, one, batch := ``, ``, ``
+	if lanes > 0 {
+		cols, one, batch = `, lane`, `, `+laneOf(`$4::bytea`, lanes), `, `+laneOf(`k`, lanes)
+	}
+	return inserts{
+		insert: fmt.Sprintf(`INSERT INTO %s `+insertColumns+`%s)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb%s)`, table, cols, one),
+		// insertFixed writes an event whose ID the producer fixed: the
+		// partial unique index refuses a duplicate of it.
+		insertFixed: fmt.Sprintf(`INSERT INTO %s `+insertColumns+`%s, fixed_event_id)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb%s, true)`, table, cols, one),
+		// One statement, one round trip for any number of events; WITH
+		// ORDINALITY keeps ids in the caller's order.
+		insertBatch: fmt.Sprintf(`INSERT INTO %s `+insertColumns+`%s)
+SELECT e, t, tp, k, v, h::jsonb%s
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bytea[], $6::text[]) WITH ORDINALITY AS r(e, t, tp, k, v, h, n)
+ORDER BY n`, table, cols, batch),
+	}
+}
+
+// laneOf is the SQL of the lane of key (an expression of type bytea) in a
+// table of the given number of lanes. It is the formula the generated lane
+// column of earlier tables computes (templates/outbox.sql), so a key has
+// one lane whichever way its rows got it, and it lives in the statement,
+// which Postgres plans once per connection, where a generated column
+// re-plans its expression on every insert.
+func laneOf(key string, lanes int) string {
+	return fmt.Sprintf(`(hashtext(encode(%s, 'hex')) & 2147483647) %% %d`, key, lanes)
+}
+
+// queries are the relay's and status's statements on one outbox table.
 type queries struct {
-	insert        string
-	insertFixed   string
-	insertBatch   string
 	claim         string
 	claimUnparked string
 	oldestOwned   string
@@ -94,18 +135,6 @@ type queries struct {
 
 func newQueries(table string) queries {
 	return queries{
-		insert: fmt.Sprintf(`INSERT INTO %s `+insertColumns+`)
-VALUES ($1, $2, $3, $4, $5, $6::jsonb)`, table),
-		// insertFixed writes an event whose ID the producer fixed: the
-		// partial unique index refuses a duplicate of it.
-		insertFixed: fmt.Sprintf(`INSERT INTO %s `+insertColumns+`, fixed_event_id)
-VALUES ($1, $2, $3, $4, $5, $6::jsonb, true)`, table),
-		// One statement, one round trip for any number of events; WITH
-		// ORDINALITY keeps ids in the caller's order.
-		insertBatch: fmt.Sprintf(`INSERT INTO %s `+insertColumns+`)
-SELECT e, t, tp, k, v, h::jsonb
-FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::bytea[], $6::text[]) WITH ORDINALITY AS r(e, t, tp, k, v, h, n)
-ORDER BY n`, table),
 		// The head of the relay's lanes: the first pending rows of each
 		// lane $1, as many as its quota $2 (the pending index on (lane, id)
 		// gives them in order and stops), without the rows of the batch in

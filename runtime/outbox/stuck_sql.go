@@ -16,16 +16,32 @@ import (
 type stuckTables struct {
 	outbox, dead, ops string // quoted, schema-qualified
 	deadName          string // for to_regclass and messages
+	// lanes is the outbox's lane count when a row's writer fills in its
+	// lane, 0 when the table generates it (see inserts).
+	lanes int
 }
 
 func stuckTablesOf(rt resolvedTable) stuckTables {
 	dead := derivedName(rt.name, "_dead")
 	return stuckTables{
+		lanes:    rt.writerLanes(),
 		outbox:   rt.qualified(),
 		dead:     pgx.Identifier{rt.schema, dead}.Sanitize(),
 		ops:      pgx.Identifier{rt.schema, derivedName(rt.name, "_ops")}.Sanitize(),
 		deadName: rt.schema + "." + dead,
 	}
+}
+
+// reinsertInto is the statement that puts a retried row back in the
+// outbox: it keeps its creation time, so its age stays honest, and its new
+// id puts it behind the key's rows published meanwhile.
+func reinsertInto(t stuckTables) string {
+	if t.lanes == 0 {
+		return fmt.Sprintf(`INSERT INTO %s (event_id, event_type, topic, key, value, headers, created_at)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7) RETURNING id`, t.outbox)
+	}
+	return fmt.Sprintf(`INSERT INTO %s (event_id, event_type, topic, key, value, headers, created_at, lane)
+VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, %s) RETURNING id`, t.outbox, laneOf(`$4::bytea`, t.lanes))
 }
 
 func renderStuckSchema(schema, name string) (string, error) {
@@ -92,10 +108,7 @@ WHERE o.id = old.id
 RETURNING o.event_id, o.topic, o.key, old.attempts, COALESCE(old.last_error, '')`, t.outbox),
 		takeDead: fmt.Sprintf(`SELECT event_id, event_type, topic, key, value, headers::text, created_at, state
 FROM %s WHERE outbox_id = $1 AND state IN ('parked', 'dropped') FOR UPDATE`, t.dead),
-		// The retried row keeps its creation time, so its age stays honest;
-		// its new id puts it behind the key's rows published meanwhile.
-		reinsert: fmt.Sprintf(`INSERT INTO %s (event_id, event_type, topic, key, value, headers, created_at)
-VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7) RETURNING id`, t.outbox),
+		reinsert:  reinsertInto(t),
 		markRetry: fmt.Sprintf(`UPDATE %s SET state = 'retried', retried_as = $2 WHERE outbox_id = $1`, t.dead),
 		topicPending: fmt.Sprintf(`SELECT topic, count(*), EXTRACT(EPOCH FROM now() - min(created_at))::float8,
   count(*) FILTER (WHERE attempts > 0), count(DISTINCT key) FILTER (WHERE attempts > 0)

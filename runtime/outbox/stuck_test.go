@@ -113,6 +113,7 @@ func TestStuckRowListedParkedRetriedDropped(t *testing.T) {
 	if res.From != StateParked || res.NewID <= s.ID {
 		t.Fatalf("retry: %+v, want it back from parked under a new id", res)
 	}
+	checkLanes(t, b.pool, DefaultLanes) // the retried row is in its key's lane
 	waitFor(t, 15*time.Second, "the retried row to fail again", func() (bool, string) {
 		stuck, err = ListStuck(ctx, b.pool, StuckFilter{Topic: small.topic})
 		if err != nil {

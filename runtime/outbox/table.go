@@ -87,6 +87,18 @@ type resolvedTable struct {
 	schema string
 	name   string
 	lanes  int
+	// laneGenerated is set for tables of earlier versions, whose lane
+	// column is generated from the key; in later ones writers fill it in.
+	laneGenerated bool
+}
+
+// writerLanes is the lane count a writer's statements compute the lane
+// with: 0 when the table generates it.
+func (r resolvedTable) writerLanes() int {
+	if r.laneGenerated {
+		return 0
+	}
+	return r.lanes
 }
 
 // qualified returns the quoted, schema-qualified name.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"database/sql"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -29,4 +30,10 @@ type sqlTx struct{ tx *sql.Tx }
 func (s sqlTx) Exec(ctx context.Context, query string, args ...any) (pgconn.CommandTag, error) {
 	_, err := s.tx.ExecContext(ctx, query, args...)
 	return pgconn.CommandTag{}, err
+}
+
+// QueryRow runs a query in the database/sql transaction; a Writer reads
+// its table's shape with it on first use.
+func (s sqlTx) QueryRow(ctx context.Context, query string, args ...any) pgx.Row {
+	return s.tx.QueryRowContext(ctx, query, args...)
 }

@@ -16,7 +16,10 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"sync/atomic"
 	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/segmentio/kafka-go"
 
@@ -30,9 +33,11 @@ import (
 // safe for concurrent use.
 type Writer struct {
 	table    tableName
-	q        queries
 	env      envelope.Options
 	maxBytes int
+	// ins are the insert statements for the table's shape, learned from
+	// the database on first use (learn); nil until then.
+	ins atomic.Pointer[inserts]
 }
 
 // NewWriter returns a Writer for the outbox table (default "outbox").
@@ -61,7 +66,7 @@ func NewWriter(opts ...WriterOption) (*Writer, error) {
 	if !c.format.Valid() {
 		return nil, fmt.Errorf("outbox: unknown envelope format %v", c.format)
 	}
-	return &Writer{table: t, q: newQueries(t.sanitized()), env: envelope.Options{Format: c.format, Producer: c.producer}, maxBytes: maxBytes}, nil
+	return &Writer{table: t, env: envelope.Options{Format: c.format, Producer: c.producer}, maxBytes: maxBytes}, nil
 }
 
 // DefaultMaxEventBytes is the largest Kafka record (key + value + headers)
@@ -142,12 +147,83 @@ type row struct {
 	fixed            bool // the producer chose the ID (events.WithEventID)
 }
 
+// learn reads the shape of the Writer's table through q the first time it
+// is needed (one query in the Writer's life): tables created by this
+// version take their lane from the Writer's statements, earlier ones
+// generate it. It is best effort: when the table cannot be read (it does
+// not exist yet, the connection is busy) the Writer uses the statements of
+// earlier tables this once, and the insert reports what is wrong — a
+// missing table as before, a table of this version with a hint
+// (insertFailed).
+func (w *Writer) learn(ctx context.Context, q querier) {
+	if w.ins.Load() != nil {
+		return
+	}
+	rt, err := resolve(ctx, q, w.table)
+	if err != nil {
+		return
+	}
+	// The statements name the table as the Writer does, not as resolved:
+	// an unqualified name keeps following the connection's search_path.
+	ins := newInserts(w.table.sanitized(), rt.writerLanes())
+	w.ins.Store(&ins)
+}
+
+// learnThrough learns the table's shape through tx, when tx can query:
+// pgx's transactions and SQLTx can; a PipelineTx learns when it sends its
+// queued rows instead.
+func (w *Writer) learnThrough(ctx context.Context, tx Tx) {
+	if q, ok := tx.(querier); ok {
+		w.learn(ctx, q)
+	}
+}
+
+// inserts returns the statements learn chose, or those of a table that
+// generates its lanes when it could not learn.
+func (w *Writer) inserts() *inserts {
+	if ins := w.ins.Load(); ins != nil {
+		return ins
+	}
+	ins := newInserts(w.table.sanitized(), 0)
+	return &ins
+}
+
+// insertFailed explains an insert's error. When the error shows that the
+// table is not of the shape the Writer learned (a table dropped and
+// created again by another version, or one Writer used on the tables of
+// several databases or schemas), the Writer forgets the shape and learns
+// it again on the next write.
+func (w *Writer) insertFailed(err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return err
+	}
+	switch {
+	case pgErr.Code == sqlstateGeneratedAlways,
+		pgErr.Code == sqlstateNotNull && pgErr.ColumnName == "lane":
+		w.ins.Store(nil)
+		if pgErr.Code == sqlstateNotNull {
+			return fmt.Errorf("%w (this outbox table takes each row's lane from the writer's INSERT, which writers of earlier protoevents versions and a Tx that cannot query do not send: upgrade every writer of the table, and write through a pgx transaction, an outbox.PipelineTx or outbox.SQLTx)", err)
+		}
+		return err
+	}
+	return missingTable(err)
+}
+
+// The errors of an insert into a table of the other shape: a value for a
+// generated lane, or none for a plain one.
+const (
+	sqlstateGeneratedAlways = "428C9"
+	sqlstateNotNull         = "23502"
+)
+
 // insertOne is the statement and arguments that insert r alone: a fixed ID
 // goes through insertFixed, which the partial unique index checks.
 func (w *Writer) insertOne(r row) (string, []any) {
-	q := w.q.insert
+	ins := w.inserts()
+	q := ins.insert
 	if r.fixed {
-		q = w.q.insertFixed
+		q = ins.insertFixed
 	}
 	return q, []any{r.id.String(), r.eventType, r.topic, r.key, r.value, r.headers}
 }
@@ -163,7 +239,7 @@ func (w *Writer) insertRun(rows []row) (string, []any) {
 	for _, r := range rows {
 		a.add(r)
 	}
-	return w.q.insertBatch, a.args()
+	return w.inserts().insertBatch, a.args()
 }
 
 // rowArrays are the columns of several rows, the parameters of insertBatch.
@@ -246,9 +322,10 @@ func (w *Writer) Write(ctx context.Context, tx Tx, ev events.Event, opts ...even
 		}
 		return r.id, nil
 	}
+	w.learnThrough(ctx, tx)
 	q, args := w.insertOne(r)
 	if _, err := tx.Exec(ctx, q, args...); err != nil {
-		return events.EventID{}, fmt.Errorf("outbox: insert %s %s into %s: %w", r.eventType, r.id, w.table, missingTable(err))
+		return events.EventID{}, fmt.Errorf("outbox: insert %s %s into %s: %w", r.eventType, r.id, w.table, w.insertFailed(err))
 	}
 	// Relays of this process poll quickly from now on and find the row
 	// once the caller commits (see Notify).
@@ -286,9 +363,10 @@ func (w *Writer) WriteBatch(ctx context.Context, tx Tx, evs []events.Event, opts
 		}
 		return ids, nil
 	}
+	w.learnThrough(ctx, tx)
 	q, args := w.insertRun(rows)
 	if _, err := tx.Exec(ctx, q, args...); err != nil {
-		return nil, fmt.Errorf("outbox: insert %d events into %s: %w", len(evs), w.table, missingTable(err))
+		return nil, fmt.Errorf("outbox: insert %d events into %s: %w", len(evs), w.table, w.insertFailed(err))
 	}
 	wakeTable(w.table)
 	return ids, nil
