@@ -118,6 +118,9 @@ type Envelope struct {
 	// Payload holds the encoded event message: protojson text for
 	// FormatJSON, binary Protobuf for FormatProto.
 	Payload []byte
+	// compact is the payload New encoded as compact JSON: while Payload is
+	// still that slice, Encode copies it without reading it again.
+	compact []byte
 }
 
 // NewEventID returns a fresh ULID. IDs are strictly increasing within a
@@ -177,6 +180,7 @@ func New(ev events.Event, po events.PublishOptions, o Options) (*Envelope, error
 		err = fmt.Errorf("unknown format %v", o.Format)
 	case o.Format.payloadIsJSON():
 		env.Payload, err = marshalJSON(ev)
+		env.compact = env.Payload
 	default:
 		env.Payload, err = payloadProto.Marshal(ev)
 	}

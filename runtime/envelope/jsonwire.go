@@ -1,9 +1,10 @@
 package envelope
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"strconv"
-	"time"
 	"unicode/utf8"
 )
 
@@ -16,8 +17,9 @@ import (
 // holds the two side by side.
 
 // appendJSONEnvelope appends the JSON wire form of e, with id and at its
-// event ID and time already formatted (the headers carry them too).
-func (e *Envelope) appendJSONEnvelope(b []byte, id string, at []byte) []byte {
+// event ID and time already formatted (the headers carry them too) and
+// payload its payload as compact JSON.
+func (e *Envelope) appendJSONEnvelope(b []byte, id string, at, payload []byte) []byte {
 	b = append(b, `{"event_id":`...)
 	b = appendJSONString(b, id)
 	b = append(b, `,"event_type":`...)
@@ -41,23 +43,33 @@ func (e *Envelope) appendJSONEnvelope(b []byte, id string, at []byte) []byte {
 		b = appendJSONString(b, e.TraceParent)
 	}
 	b = append(b, `,"payload":`...)
-	if len(e.Payload) == 0 {
+	if len(payload) == 0 {
 		b = append(b, "null"...) // what json.Marshal writes for an empty RawMessage
 	} else {
-		b = appendHTMLEscaped(b, e.Payload)
+		b = appendHTMLEscaped(b, payload)
 	}
 	return append(b, '}')
 }
 
-// appendTime appends t (UTC) as RFC 3339 with nanoseconds, trailing zeros
-// trimmed: the form of ce_time and of time.Time in JSON. Like
-// time.Time.MarshalJSON it refuses a year outside [0, 9999], which RFC 3339
-// cannot write.
-func appendTime(b []byte, t time.Time) ([]byte, error) {
-	if y := t.Year(); y < 0 || y > 9999 {
-		return b, fmt.Errorf("occurred_at %v: year outside of range [0,9999]", t)
+// encodeJSON returns the JSON wire form of e, with id and at its event ID
+// and time (RFC 3339, nanoseconds) already formatted. Like json.Marshal it
+// refuses a time whose year RFC 3339 cannot write, and a payload that is
+// not JSON; a payload New encoded is known to be compact JSON and is not
+// read twice.
+func (e *Envelope) encodeJSON(id string, at []byte) ([]byte, error) {
+	if y := e.OccurredAt.UTC().Year(); y < 0 || y > 9999 {
+		return nil, fmt.Errorf("occurred_at %v: year outside of range [0,9999]", e.OccurredAt)
 	}
-	return t.AppendFormat(b, time.RFC3339Nano), nil
+	payload := e.Payload
+	if vouched := e.compact; len(payload) > 0 && (len(vouched) != len(payload) || &vouched[0] != &payload[0]) {
+		var b bytes.Buffer
+		if err := json.Compact(&b, payload); err != nil {
+			return nil, fmt.Errorf("payload is not JSON: %w", err)
+		}
+		payload = b.Bytes()
+	}
+	n := 128 + len(id) + len(e.Type) + len(at) + len(e.Producer) + len(e.CorrelationID) + len(e.CausationID) + len(e.TraceParent) + len(payload)
+	return e.appendJSONEnvelope(make([]byte, 0, n), id, at, payload), nil
 }
 
 const hexDigits = "0123456789abcdef"

@@ -124,12 +124,45 @@ func TestJSONEnvelopeMatchesMarshal(t *testing.T) {
 	})
 }
 
+// TestEncodeRefusesYearsRFC3339CannotWrite: as with json.Marshal, the JSON
+// envelope refuses a year RFC 3339 cannot write; the other formats, which
+// never went through json.Marshal, encode it as before.
 func TestEncodeRefusesYearsRFC3339CannotWrite(t *testing.T) {
 	for _, f := range Formats {
 		e := &Envelope{Format: f, Metadata: events.Metadata{EventID: NewEventID(), Type: "t", SchemaVersion: 1, OccurredAt: time.Date(10000, 1, 1, 0, 0, 0, 0, time.UTC)}, Payload: []byte(`{}`)}
-		if _, _, err := e.Encode(); err == nil || !strings.Contains(err.Error(), "year outside of range [0,9999]") {
-			t.Errorf("%v: Encode of year 10000 = %v, want the year refused", f, err)
+		_, _, err := e.Encode()
+		if refused := err != nil && strings.Contains(err.Error(), "year outside of range [0,9999]"); refused != (f == FormatJSON) {
+			t.Errorf("%v: Encode of year 10000 = %v, want it refused only by the JSON envelope", f, err)
 		}
+	}
+}
+
+// TestJSONEnvelopeOfPayloadsNewDidNotMake: an envelope built by hand or
+// decoded, whose payload may be spaced or not JSON at all, encodes as
+// json.Marshal encodes it: spaced JSON compacted, anything else refused;
+// and a payload replaced after New is read again.
+func TestJSONEnvelopeOfPayloadsNewDidNotMake(t *testing.T) {
+	at := time.Date(2026, 12, 3, 19, 0, 0, 0, time.UTC)
+	for _, payload := range []string{"{\n  \"a\": \"<b> & c\",\n  \"n\": [1, 2]\n}", ` {"x" : 1} `, `{"a":`, `not json`} {
+		e := &Envelope{Metadata: events.Metadata{EventID: NewEventID(), Type: "t", SchemaVersion: 1, OccurredAt: at}, Payload: []byte(payload)}
+		value, _, err := e.Encode()
+		want, werr := json.Marshal(jsonEnvelope{EventID: e.EventID.String(), EventType: "t", SchemaVersion: 1, OccurredAt: at, Payload: json.RawMessage(payload)})
+		if (err != nil) != (werr != nil) || !bytes.Equal(value, want) {
+			t.Fatalf("payload %q: Encode = %s, %v; json.Marshal = %s, %v", payload, value, err, want, werr)
+		}
+	}
+	s, err := structpb.NewStruct(map[string]any{"a": "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := New(testEvent{s}, events.PublishOptions{OccurredAt: at}, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Payload = []byte(`{"a": "replaced"}`)
+	value, _, err := e.Encode()
+	if err != nil || !bytes.Contains(value, []byte(`"payload":{"a":"replaced"}`)) {
+		t.Fatalf("replaced payload: %s, %v", value, err)
 	}
 }
 

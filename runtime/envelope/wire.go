@@ -51,14 +51,12 @@ func (e *Envelope) Encode() ([]byte, []kafka.Header, error) {
 	// The event ID and the time go in both the value and the headers:
 	// format each once.
 	id := e.EventID.String()
-	at, err := appendTime(make([]byte, 0, len(time.RFC3339Nano)), e.OccurredAt.UTC())
-	if err != nil {
-		return nil, nil, fmt.Errorf("envelope: encode %s %s: %w", e.Type, id, err)
-	}
+	at := e.OccurredAt.UTC().AppendFormat(make([]byte, 0, len(time.RFC3339Nano)), time.RFC3339Nano)
 	var value []byte
+	var err error
 	switch e.Format {
 	case FormatJSON:
-		value = e.appendJSONEnvelope(make([]byte, 0, jsonEnvelopeOverhead+len(e.Payload)), id, at)
+		value, err = e.encodeJSON(id, at)
 	case FormatProto:
 		value, err = payloadProto.Marshal(&eventsv1.Envelope{
 			EventId:       id,
@@ -82,10 +80,6 @@ func (e *Envelope) Encode() ([]byte, []kafka.Header, error) {
 	}
 	return value, e.headers(id, at), nil
 }
-
-// jsonEnvelopeOverhead is room for the JSON envelope's names and metadata
-// around the payload, so that it is written without growing.
-const jsonEnvelopeOverhead = 256
 
 // Headers returns the metadata as Kafka headers.
 func (e *Envelope) Headers() []kafka.Header {

@@ -36,15 +36,20 @@ const specVersion = "1.0"
 // publishedHeaders returns the headers the relay sends for a row: hs, the
 // stored ones, with ce_specversion, ce_id and ce_type put back in front
 // when storedHeaders left them out. A row is completed only when its
-// headers name an envelope format and hold no ce_id: rows of earlier
-// versions, of the CloudEvents formats and of hand-written SQL go out as
-// they are.
+// headers name an envelope format and hold no ce_id, and only with the
+// ones it lacks: rows of earlier versions, of the CloudEvents formats and
+// of hand-written SQL with a ce_id or another content type go out as they
+// are.
 func publishedHeaders(hs []kafka.Header, eventID, eventType string) []kafka.Header {
-	envelopeFormat := false
+	envelopeFormat, hasVersion, hasType := false, false, false
 	for _, h := range hs {
 		switch h.Key {
 		case envelope.HeaderID:
 			return hs
+		case envelope.HeaderSpecVersion:
+			hasVersion = true
+		case envelope.HeaderType:
+			hasType = true
 		case envelope.HeaderContentType:
 			ct := string(h.Value)
 			envelopeFormat = ct == envelope.ContentTypeJSON || ct == envelope.ContentTypeProto
@@ -53,7 +58,7 @@ func publishedHeaders(hs []kafka.Header, eventID, eventType string) []kafka.Head
 	if !envelopeFormat {
 		return hs
 	}
-	// One allocation for the three values, one for the list.
+	// One allocation for the values put back, one for the list.
 	buf := make([]byte, 0, len(specVersion)+len(eventID)+len(eventType))
 	value := func(s string) []byte {
 		start := len(buf)
@@ -61,9 +66,12 @@ func publishedHeaders(hs []kafka.Header, eventID, eventType string) []kafka.Head
 		return buf[start:len(buf):len(buf)]
 	}
 	out := make([]kafka.Header, 0, len(hs)+3)
-	out = append(out,
-		kafka.Header{Key: envelope.HeaderSpecVersion, Value: value(specVersion)},
-		kafka.Header{Key: envelope.HeaderID, Value: value(eventID)},
-		kafka.Header{Key: envelope.HeaderType, Value: value(eventType)})
+	if !hasVersion {
+		out = append(out, kafka.Header{Key: envelope.HeaderSpecVersion, Value: value(specVersion)})
+	}
+	out = append(out, kafka.Header{Key: envelope.HeaderID, Value: value(eventID)})
+	if !hasType {
+		out = append(out, kafka.Header{Key: envelope.HeaderType, Value: value(eventType)})
+	}
 	return append(out, hs...)
 }

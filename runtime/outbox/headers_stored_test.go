@@ -87,8 +87,15 @@ func TestPublishedHeadersLeaveOtherRowsAlone(t *testing.T) {
 			t.Errorf("%s: relay sends\n%s\nwant the stored headers\n%s", name, headerText(got), headerText(hs))
 		}
 	}
+	// A hand-written row of an envelope format without ce_id gets only
+	// what it lacks, never a header twice.
+	partial := []kafka.Header{{Key: envelope.HeaderType, Value: []byte("mine")}, {Key: envelope.HeaderContentType, Value: []byte(envelope.ContentTypeProto)}}
+	got := publishedHeaders(partial, "id", "t")
+	if want := "ce_specversion=1.0\nce_id=id\nce_type=mine\ncontent-type=" + envelope.ContentTypeProto + "\n"; headerText(got) != want {
+		t.Fatalf("partial headers completed as\n%s\nwant\n%s", headerText(got), want)
+	}
 	// The values put back are capped: appending to one leaves the next.
-	got := publishedHeaders(full[3:], "id", "type")
+	got = publishedHeaders(full[3:], "id", "type")
 	_ = append(got[0].Value, "XX"...)
 	_ = append(got[1].Value, "XX"...)
 	if string(got[1].Value) != "id" || string(got[2].Value) != "type" {

@@ -357,19 +357,17 @@ func (t *PipelineTx) flush(ctx context.Context, stmt string, args ...any) (tag p
 		return pgconn.CommandTag{}, t.broken
 	}
 	runs := t.runs()
-	for _, run := range runs {
-		// A Writer's first rows: read its table's shape, on the
-		// connection itself (inside the transaction if it has begun, a
-		// catalog read of its own if not).
-		run[0].w.learn(ctx, t.conn)
+	ins := make([]*inserts, len(runs))
+	for i, run := range runs {
+		ins[i] = t.learn(ctx, run[0].w)
 	}
 	b := &pgx.Batch{}
-	for _, run := range runs {
+	for i, run := range runs {
 		rows := make([]row, len(run))
 		for i, q := range run {
 			rows[i] = q.r
 		}
-		q, args := run[0].w.insertRun(rows)
+		q, args := ins[i].run(rows)
 		b.Queue(q, args...)
 	}
 	b.Queue(stmt, args...)
@@ -396,6 +394,36 @@ func (t *PipelineTx) flush(ctx context.Context, stmt string, args ...any) (tag p
 		}
 	}
 	return tag, err
+}
+
+// learn returns w's statements, reading its table's shape the first time
+// (one round trip in the Writer's life) through the transaction itself, so
+// that the BEGIN goes first and the table is found as the transaction's
+// search_path finds it. The queue is set aside meanwhile: it is what is
+// being sent.
+func (t *PipelineTx) learn(ctx context.Context, w *Writer) *inserts {
+	if ins := w.ins.Load(); ins != nil {
+		return ins
+	}
+	queue := t.queue
+	t.queue = nil
+	defer func() { t.queue = queue }()
+	return w.learn(ctx, insideTx{t})
+}
+
+// insideTx runs a PipelineTx's own query — while it sends its rows, even
+// during Commit — carrying the BEGIN if it has not gone out yet.
+type insideTx struct{ t *PipelineTx }
+
+func (q insideTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
+	br, err := q.t.carry(ctx, sql, args)
+	switch {
+	case err != nil:
+		return closedRows{err: err}
+	case br == nil:
+		return q.t.conn.QueryRow(ctx, sql, args...)
+	}
+	return batchRow{row: br.QueryRow(), br: br}
 }
 
 // Commit sends the queued outbox rows and the COMMIT in one pipeline and

@@ -12,6 +12,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,6 +20,7 @@ import (
 	"sync/atomic"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/segmentio/kafka-go"
@@ -31,6 +33,15 @@ import (
 // connection: every write happens in the transaction the caller passes, so
 // the event commits or rolls back with the business change. A Writer is
 // safe for concurrent use.
+//
+// On its first write a Writer reads its table's shape (whether the table
+// generates each row's lane, as tables of earlier versions do, or takes it
+// from the Writer's INSERT, and with how many lanes) and keeps it. The
+// tables one Writer writes to (through search_path, in several databases)
+// must therefore agree in shape and lane count, and writers must be
+// restarted after their table is dropped and created again with another
+// lane count; a change of shape alone is noticed (the insert is refused
+// once, and the Writer reads the table again).
 type Writer struct {
 	table    tableName
 	env      envelope.Options
@@ -38,6 +49,8 @@ type Writer struct {
 	// ins are the insert statements for the table's shape, learned from
 	// the database on first use (learn); nil until then.
 	ins atomic.Pointer[inserts]
+	// learnErr is why the last attempt to learn the shape failed.
+	learnErr atomic.Pointer[error]
 }
 
 // NewWriter returns a Writer for the outbox table (default "outbox").
@@ -147,43 +160,63 @@ type row struct {
 	fixed            bool // the producer chose the ID (events.WithEventID)
 }
 
-// learn reads the shape of the Writer's table through q the first time it
-// is needed (one query in the Writer's life): tables created by this
-// version take their lane from the Writer's statements, earlier ones
-// generate it. It is best effort: when the table cannot be read (it does
-// not exist yet, the connection is busy) the Writer uses the statements of
-// earlier tables this once, and the insert reports what is wrong — a
-// missing table as before, a table of this version with a hint
-// (insertFailed).
-func (w *Writer) learn(ctx context.Context, q querier) {
-	if w.ins.Load() != nil {
-		return
+// learn returns the statements for the Writer's table, reading its shape
+// through q the first time (one query in the Writer's life): tables created
+// by this version take their lane from the Writer's statements, earlier
+// ones generate it. It is best effort: when the table cannot be read (it
+// does not exist yet, the connection is busy) it returns the statements of
+// earlier tables this once and keeps the reason, and the insert reports
+// what is wrong — a missing table as before, a table of this version with
+// the reason (insertFailed).
+func (w *Writer) learn(ctx context.Context, q querier) *inserts {
+	if ins := w.ins.Load(); ins != nil {
+		return ins
 	}
-	rt, err := resolve(ctx, q, w.table)
+	var (
+		rt      resolvedTable
+		comment string
+	)
+	err := q.QueryRow(ctx, sqlResolve, w.table.sanitized()).Scan(&rt.oid, &rt.schema, &rt.name, &comment, &rt.laneGenerated)
+	if err == nil && !rt.laneGenerated {
+		// Only a Writer that fills in the lane needs the lane count.
+		var c tableComment
+		if c, err = decodeComment(w.table.String(), comment); err == nil {
+			rt.lanes = c.Lanes
+		}
+	}
 	if err != nil {
-		return
+		if errors.Is(err, pgx.ErrNoRows) || errors.Is(err, sql.ErrNoRows) {
+			err = fmt.Errorf("%w: %s", ErrNoTable, w.table)
+		}
+		w.learnErr.Store(&err)
+		return w.generatedLanes()
 	}
 	// The statements name the table as the Writer does, not as resolved:
 	// an unqualified name keeps following the connection's search_path.
 	ins := newInserts(w.table.sanitized(), rt.writerLanes())
 	w.ins.Store(&ins)
+	w.learnErr.Store(nil)
+	return &ins
 }
 
-// learnThrough learns the table's shape through tx, when tx can query:
-// pgx's transactions and SQLTx can; a PipelineTx learns when it sends its
-// queued rows instead.
-func (w *Writer) learnThrough(ctx context.Context, tx Tx) {
+// learnThrough returns the statements for the table, learning its shape
+// through tx when tx can query (pgx's transactions and SQLTx can); a
+// PipelineTx learns when it sends its queued rows instead.
+func (w *Writer) learnThrough(ctx context.Context, tx Tx) *inserts {
 	if q, ok := tx.(querier); ok {
-		w.learn(ctx, q)
+		return w.learn(ctx, q)
 	}
-}
-
-// inserts returns the statements learn chose, or those of a table that
-// generates its lanes when it could not learn.
-func (w *Writer) inserts() *inserts {
 	if ins := w.ins.Load(); ins != nil {
 		return ins
 	}
+	err := errors.New("the transaction cannot run a query: it is neither pgx's nor SQLTx")
+	w.learnErr.Store(&err)
+	return w.generatedLanes()
+}
+
+// generatedLanes are the statements of a table that generates its lanes
+// (the tables of earlier versions).
+func (w *Writer) generatedLanes() *inserts {
 	ins := newInserts(w.table.sanitized(), 0)
 	return &ins
 }
@@ -191,7 +224,7 @@ func (w *Writer) inserts() *inserts {
 // insertFailed explains an insert's error. When the error shows that the
 // table is not of the shape the Writer learned (a table dropped and
 // created again by another version, or one Writer used on the tables of
-// several databases or schemas), the Writer forgets the shape and learns
+// several schemas or databases), the Writer forgets the shape and learns
 // it again on the next write.
 func (w *Writer) insertFailed(err error) error {
 	var pgErr *pgconn.PgError
@@ -199,13 +232,16 @@ func (w *Writer) insertFailed(err error) error {
 		return err
 	}
 	switch {
-	case pgErr.Code == sqlstateGeneratedAlways,
-		pgErr.Code == sqlstateNotNull && pgErr.ColumnName == "lane":
+	case pgErr.Code == sqlstateGeneratedAlways:
 		w.ins.Store(nil)
-		if pgErr.Code == sqlstateNotNull {
-			return fmt.Errorf("%w (this outbox table takes each row's lane from the writer's INSERT, which writers of earlier protoevents versions and a Tx that cannot query do not send: upgrade every writer of the table, and write through a pgx transaction, an outbox.PipelineTx or outbox.SQLTx)", err)
-		}
 		return err
+	case pgErr.Code == sqlstateNotNull && pgErr.ColumnName == "lane":
+		w.ins.Store(nil)
+		why := "writers of earlier protoevents versions do not send it: upgrade every writer of the table"
+		if p := w.learnErr.Load(); p != nil {
+			why = fmt.Sprintf("the writer could not read the table to send it (%v)", *p)
+		}
+		return fmt.Errorf("%w (this outbox table takes each row's lane from the writer's INSERT, and %s)", err, why)
 	}
 	return missingTable(err)
 }
@@ -217,10 +253,9 @@ const (
 	sqlstateNotNull         = "23502"
 )
 
-// insertOne is the statement and arguments that insert r alone: a fixed ID
-// goes through insertFixed, which the partial unique index checks.
-func (w *Writer) insertOne(r row) (string, []any) {
-	ins := w.inserts()
+// one is the statement and arguments that insert r alone: a fixed ID goes
+// through insertFixed, which the partial unique index checks.
+func (ins *inserts) one(r row) (string, []any) {
 	q := ins.insert
 	if r.fixed {
 		q = ins.insertFixed
@@ -228,18 +263,18 @@ func (w *Writer) insertOne(r row) (string, []any) {
 	return q, []any{r.id.String(), r.eventType, r.topic, r.key, r.value, r.headers}
 }
 
-// insertRun is the statement and arguments that insert rows, all of one
-// kind (fixed IDs or not): one row alone, or many through insertBatch (a
-// fixed ID is never shared by more than one row).
-func (w *Writer) insertRun(rows []row) (string, []any) {
+// run is the statement and arguments that insert rows, all of one kind
+// (fixed IDs or not): one row alone, or many through insertBatch (a fixed
+// ID is never shared by more than one row).
+func (ins *inserts) run(rows []row) (string, []any) {
 	if len(rows) == 1 || rows[0].fixed {
-		return w.insertOne(rows[0])
+		return ins.one(rows[0])
 	}
 	a := newRowArrays(len(rows))
 	for _, r := range rows {
 		a.add(r)
 	}
-	return w.inserts().insertBatch, a.args()
+	return ins.insertBatch, a.args()
 }
 
 // rowArrays are the columns of several rows, the parameters of insertBatch.
@@ -322,8 +357,7 @@ func (w *Writer) Write(ctx context.Context, tx Tx, ev events.Event, opts ...even
 		}
 		return r.id, nil
 	}
-	w.learnThrough(ctx, tx)
-	q, args := w.insertOne(r)
+	q, args := w.learnThrough(ctx, tx).one(r)
 	if _, err := tx.Exec(ctx, q, args...); err != nil {
 		return events.EventID{}, fmt.Errorf("outbox: insert %s %s into %s: %w", r.eventType, r.id, w.table, w.insertFailed(err))
 	}
@@ -363,8 +397,7 @@ func (w *Writer) WriteBatch(ctx context.Context, tx Tx, evs []events.Event, opts
 		}
 		return ids, nil
 	}
-	w.learnThrough(ctx, tx)
-	q, args := w.insertRun(rows)
+	q, args := w.learnThrough(ctx, tx).run(rows)
 	if _, err := tx.Exec(ctx, q, args...); err != nil {
 		return nil, fmt.Errorf("outbox: insert %d events into %s: %w", len(evs), w.table, w.insertFailed(err))
 	}
