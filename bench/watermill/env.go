@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -112,6 +113,24 @@ func (s *schema) drop() {
 // autovacuum would have by the time a relay meets a backlog, and sets the
 // rows' hint bits: each drain starts from a table in the same state
 // (the claim-and-mark baseline needs the statistics for its plan).
+// checkpointRefused is set once a CHECKPOINT was refused (a role without
+// pg_checkpoint or superuser), so the note is printed once.
+var checkpointRefused sync.Once
+
+// checkpoint asks Postgres for a checkpoint and waits for it, so that an
+// end-to-end run does not share the machine with a checkpoint that the
+// earlier phases' write-ahead log started (they write hundreds of
+// megabytes; a checkpoint spreads its writes over minutes, and its fsyncs
+// and full-page images lengthen commits). Both systems get one before each
+// of their runs. Best effort: a role that may not checkpoint gets a note.
+func (s *schema) checkpoint(ctx context.Context) {
+	if _, err := s.pool.Exec(ctx, `CHECKPOINT`); err != nil {
+		checkpointRefused.Do(func() {
+			fmt.Fprintf(os.Stderr, "watermill bench: CHECKPOINT refused (%v): end-to-end runs may overlap a checkpoint\n", err)
+		})
+	}
+}
+
 func (s *schema) analyze(ctx context.Context) error {
 	rows, err := s.pool.Query(ctx, `SELECT tablename FROM pg_tables WHERE schemaname = $1`, s.name)
 	if err != nil {

@@ -286,6 +286,7 @@ func endToEnd(ctx context.Context, brokers []string, topic string, rate, produce
 	if err != nil {
 		return e2eResult{}, err
 	}
+	s.checkpoint(ctx)
 	cctx, stopConsumer := context.WithCancel(ctx)
 	consumed := make(chan struct{})
 	go func() {
