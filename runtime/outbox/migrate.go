@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 
@@ -92,14 +93,25 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
 // resolve looks the table up as the session's search_path sees it and
 // reads its lane count from the comment Migrate left.
 func resolve(ctx context.Context, q querier, t tableName) (resolvedTable, error) {
+	return lookUp(ctx, q, t, true)
+}
+
+// lookUp finds the table as the session's search_path sees it; it reads
+// the lane count from the comment Migrate left when always is set, or
+// else only when the table does not generate its lanes (a Writer needs
+// the count only to compute them).
+func lookUp(ctx context.Context, q querier, t tableName, always bool) (resolvedTable, error) {
 	var r resolvedTable
 	var comment string
 	err := q.QueryRow(ctx, sqlResolve, t.sanitized()).Scan(&r.oid, &r.schema, &r.name, &comment, &r.laneGenerated)
-	if errors.Is(err, pgx.ErrNoRows) {
+	if errors.Is(err, pgx.ErrNoRows) || errors.Is(err, sql.ErrNoRows) {
 		return r, fmt.Errorf("%w: %s", ErrNoTable, t)
 	}
 	if err != nil {
 		return r, fmt.Errorf("outbox: look up table %s: %w", t, err)
+	}
+	if !always && r.laneGenerated {
+		return r, nil
 	}
 	c, err := decodeComment(t.String(), comment)
 	if err != nil {

@@ -417,13 +417,7 @@ type insideTx struct{ t *PipelineTx }
 
 func (q insideTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	br, err := q.t.carry(ctx, sql, args)
-	switch {
-	case err != nil:
-		return closedRows{err: err}
-	case br == nil:
-		return q.t.conn.QueryRow(ctx, sql, args...)
-	}
-	return batchRow{row: br.QueryRow(), br: br}
+	return q.t.row(ctx, br, err, sql, args)
 }
 
 // Commit sends the queued outbox rows and the COMMIT in one pipeline and
@@ -752,10 +746,16 @@ func (t *PipelineTx) Query(ctx context.Context, sql string, args ...any) (pgx.Ro
 // the BEGIN).
 func (t *PipelineTx) QueryRow(ctx context.Context, sql string, args ...any) pgx.Row {
 	br, err := t.prepareQuery(ctx, sql, args)
-	if err != nil {
+	return t.row(ctx, br, err, sql, args)
+}
+
+// row is the row of sql: from br, the batch that carried the BEGIN, or
+// from the connection when br is nil; err is how readying it failed.
+func (t *PipelineTx) row(ctx context.Context, br pgx.BatchResults, err error, sql string, args []any) pgx.Row {
+	switch {
+	case err != nil:
 		return closedRows{err: err}
-	}
-	if br == nil {
+	case br == nil:
 		return t.conn.QueryRow(ctx, sql, args...)
 	}
 	return batchRow{row: br.QueryRow(), br: br}

@@ -12,7 +12,6 @@ package outbox
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -20,7 +19,6 @@ import (
 	"sync/atomic"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/segmentio/kafka-go"
@@ -49,6 +47,9 @@ type Writer struct {
 	// ins are the insert statements for the table's shape, learned from
 	// the database on first use (learn); nil until then.
 	ins atomic.Pointer[inserts]
+	// generated are the statements of a table that generates its lanes
+	// (the tables of earlier versions), used while the shape is unknown.
+	generated inserts
 	// learnErr is why the last attempt to learn the shape failed.
 	learnErr atomic.Pointer[error]
 }
@@ -79,7 +80,8 @@ func NewWriter(opts ...WriterOption) (*Writer, error) {
 	if !c.format.Valid() {
 		return nil, fmt.Errorf("outbox: unknown envelope format %v", c.format)
 	}
-	return &Writer{table: t, env: envelope.Options{Format: c.format, Producer: c.producer}, maxBytes: maxBytes}, nil
+	return &Writer{table: t, env: envelope.Options{Format: c.format, Producer: c.producer}, maxBytes: maxBytes,
+		generated: newInserts(t.sanitized(), 0)}, nil
 }
 
 // DefaultMaxEventBytes is the largest Kafka record (key + value + headers)
@@ -172,24 +174,10 @@ func (w *Writer) learn(ctx context.Context, q querier) *inserts {
 	if ins := w.ins.Load(); ins != nil {
 		return ins
 	}
-	var (
-		rt      resolvedTable
-		comment string
-	)
-	err := q.QueryRow(ctx, sqlResolve, w.table.sanitized()).Scan(&rt.oid, &rt.schema, &rt.name, &comment, &rt.laneGenerated)
-	if err == nil && !rt.laneGenerated {
-		// Only a Writer that fills in the lane needs the lane count.
-		var c tableComment
-		if c, err = decodeComment(w.table.String(), comment); err == nil {
-			rt.lanes = c.Lanes
-		}
-	}
+	rt, err := lookUp(ctx, q, w.table, false)
 	if err != nil {
-		if errors.Is(err, pgx.ErrNoRows) || errors.Is(err, sql.ErrNoRows) {
-			err = fmt.Errorf("%w: %s", ErrNoTable, w.table)
-		}
 		w.learnErr.Store(&err)
-		return w.generatedLanes()
+		return &w.generated
 	}
 	// The statements name the table as the Writer does, not as resolved:
 	// an unqualified name keeps following the connection's search_path.
@@ -209,17 +197,13 @@ func (w *Writer) learnThrough(ctx context.Context, tx Tx) *inserts {
 	if ins := w.ins.Load(); ins != nil {
 		return ins
 	}
-	err := errors.New("the transaction cannot run a query: it is neither pgx's nor SQLTx")
-	w.learnErr.Store(&err)
-	return w.generatedLanes()
+	w.learnErr.Store(&errCannotQuery)
+	return &w.generated
 }
 
-// generatedLanes are the statements of a table that generates its lanes
-// (the tables of earlier versions).
-func (w *Writer) generatedLanes() *inserts {
-	ins := newInserts(w.table.sanitized(), 0)
-	return &ins
-}
+// errCannotQuery is why a Writer could not learn its table's shape through
+// a Tx with Exec alone.
+var errCannotQuery = errors.New("the transaction cannot run a query: it is neither pgx's nor SQLTx")
 
 // insertFailed explains an insert's error. When the error shows that the
 // table is not of the shape the Writer learned (a table dropped and
