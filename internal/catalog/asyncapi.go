@@ -185,7 +185,7 @@ func headers(ev Event, contentTypes ...string) map[string]any {
 		"type":     "object",
 		"required": []any{envelope.HeaderSpecVersion, envelope.HeaderID, envelope.HeaderType, envelope.HeaderSource, envelope.HeaderTime, envelope.HeaderSchemaVersion, envelope.HeaderContentType},
 		"properties": map[string]any{
-			envelope.HeaderSpecVersion:   map[string]any{"const": "1.0", "description": "CloudEvents spec version."},
+			envelope.HeaderSpecVersion:   map[string]any{"const": envelope.SpecVersion, "description": "CloudEvents spec version."},
 			envelope.HeaderID:            map[string]any{"type": "string", "pattern": ulidPattern, "description": "Event ID (ULID): consumers deduplicate on it."},
 			envelope.HeaderType:          map[string]any{"const": ev.Name, "description": "Event type: the message's full name."},
 			envelope.HeaderSource:        map[string]any{"type": "string", "default": ev.Producer, "description": "Producer name."},

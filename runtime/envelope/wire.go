@@ -32,6 +32,10 @@ const (
 	HeaderContentType   = "content-type"
 )
 
+// SpecVersion is the CloudEvents version every envelope declares in its
+// ce_specversion header.
+const SpecVersion = "1.0"
+
 // jsonEnvelope is the JSON wire form.
 type jsonEnvelope struct {
 	EventID       string          `json:"event_id"`
@@ -50,8 +54,7 @@ type jsonEnvelope struct {
 func (e *Envelope) Encode() ([]byte, []kafka.Header, error) {
 	// The event ID and the time go in both the value and the headers:
 	// format each once.
-	id := e.EventID.String()
-	at := e.OccurredAt.UTC().AppendFormat(make([]byte, 0, len(time.RFC3339Nano)), time.RFC3339Nano)
+	id, at := e.stamp()
 	var value []byte
 	var err error
 	switch e.Format {
@@ -83,7 +86,13 @@ func (e *Envelope) Encode() ([]byte, []kafka.Header, error) {
 
 // Headers returns the metadata as Kafka headers.
 func (e *Envelope) Headers() []kafka.Header {
-	return e.headers(e.EventID.String(), []byte(e.OccurredAt.UTC().Format(time.RFC3339Nano)))
+	return e.headers(e.stamp())
+}
+
+// stamp returns the event ID and the time (UTC, RFC 3339 with
+// nanoseconds) as the value and the headers write them.
+func (e *Envelope) stamp() (id string, at []byte) {
+	return e.EventID.String(), e.OccurredAt.UTC().AppendFormat(make([]byte, 0, len(time.RFC3339Nano)), time.RFC3339Nano)
 }
 
 // headers returns the metadata as Kafka headers, given the event ID and
@@ -91,12 +100,12 @@ func (e *Envelope) Headers() []kafka.Header {
 // at its own length, so appending to one cannot overwrite the next.
 func (e *Envelope) headers(id string, at []byte) []kafka.Header {
 	contentType := e.Format.ContentType()
-	n := 3 + len(id) + len(e.Type) + len(e.Producer) + len(at) + 10 + len(contentType) +
+	n := len(SpecVersion) + len(id) + len(e.Type) + len(e.Producer) + len(at) + 10 + len(contentType) +
 		len(e.CorrelationID) + len(e.CausationID) + len(e.TraceParent)
 	buf := make([]byte, 0, n)
 	str := func(v string) []byte { return appendCapped(&buf, v) }
 	h := make([]kafka.Header, 7, 10)
-	h[0] = kafka.Header{Key: HeaderSpecVersion, Value: str("1.0")}
+	h[0] = kafka.Header{Key: HeaderSpecVersion, Value: str(SpecVersion)}
 	h[1] = kafka.Header{Key: HeaderID, Value: str(id)}
 	h[2] = kafka.Header{Key: HeaderType, Value: str(e.Type)}
 	h[3] = kafka.Header{Key: HeaderSource, Value: str(e.Producer)}

@@ -6,8 +6,9 @@ import (
 	"github.com/protoevents/protoevents/runtime/envelope"
 )
 
-// An envelope's first three headers — ce_specversion (always "1.0"), ce_id
-// and ce_type — repeat the row's event_id and event_type columns. For the
+// An envelope's first three headers — ce_specversion (always
+// envelope.SpecVersion), ce_id and ce_type — repeat what the row holds
+// anyway: a constant, and its event_id and event_type columns. For the
 // envelope formats (JSON and Protobuf, whose value carries all the
 // metadata) the row leaves them out, and the relay puts them back from the
 // columns before it publishes: the record on Kafka is the same, the row a
@@ -23,15 +24,12 @@ func storedHeaders(hs []kafka.Header, f envelope.Format) []kafka.Header {
 	if f != envelope.FormatJSON && f != envelope.FormatProto {
 		return hs
 	}
-	if len(hs) < 3 || hs[0].Key != envelope.HeaderSpecVersion || string(hs[0].Value) != specVersion ||
+	if len(hs) < 3 || hs[0].Key != envelope.HeaderSpecVersion || string(hs[0].Value) != envelope.SpecVersion ||
 		hs[1].Key != envelope.HeaderID || hs[2].Key != envelope.HeaderType {
 		return hs
 	}
 	return hs[3:]
 }
-
-// specVersion is the CloudEvents version of ce_specversion.
-const specVersion = "1.0"
 
 // publishedHeaders returns the headers the relay sends for a row: hs, the
 // stored ones, with ce_specversion, ce_id and ce_type put back in front
@@ -59,7 +57,7 @@ func publishedHeaders(hs []kafka.Header, eventID, eventType string) []kafka.Head
 		return hs
 	}
 	// One allocation for the values put back, one for the list.
-	buf := make([]byte, 0, len(specVersion)+len(eventID)+len(eventType))
+	buf := make([]byte, 0, len(envelope.SpecVersion)+len(eventID)+len(eventType))
 	value := func(s string) []byte {
 		start := len(buf)
 		buf = append(buf, s...)
@@ -67,7 +65,7 @@ func publishedHeaders(hs []kafka.Header, eventID, eventType string) []kafka.Head
 	}
 	out := make([]kafka.Header, 0, len(hs)+3)
 	if !hasVersion {
-		out = append(out, kafka.Header{Key: envelope.HeaderSpecVersion, Value: value(specVersion)})
+		out = append(out, kafka.Header{Key: envelope.HeaderSpecVersion, Value: value(envelope.SpecVersion)})
 	}
 	out = append(out, kafka.Header{Key: envelope.HeaderID, Value: value(eventID)})
 	if !hasType {
