@@ -56,6 +56,7 @@ func render(mf *file, compilerVersion string) ([]byte, error) {
 		}
 	}
 	renderRegistry(f, mf)
+	renderJSON(f, mf.proto)
 
 	var buf bytes.Buffer
 	if err := f.Render(&buf); err != nil {

@@ -20,6 +20,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/protoevents/protoevents/runtime/events"
+	"github.com/protoevents/protoevents/runtime/payloadjson"
 )
 
 // Format selects the wire form of envelopes.
@@ -191,24 +192,23 @@ func New(ev events.Event, po events.PublishOptions, o Options) (*Envelope, error
 }
 
 // Payload codecs: deterministic, so one event always encodes to the same
-// bytes; JSON uses the proto field names the compat rules protect and
-// tolerates fields it does not know on the way in.
+// bytes; JSON (payloadjson) uses the proto field names the compat rules
+// protect and tolerates fields it does not know on the way in.
 var (
-	payloadJSON     = protojson.MarshalOptions{UseProtoNames: true}
 	payloadProto    = proto.MarshalOptions{Deterministic: true}
 	payloadJSONRead = protojson.UnmarshalOptions{DiscardUnknown: true}
 )
 
-// marshalJSON encodes the payload as compact protojson. protojson varies its
-// spacing from build to build on purpose; compacting makes the bytes stable
-// and as small as they get (the whole value in the CloudEvents JSON format).
+// marshalJSON encodes the payload as compact protojson: through the
+// encoder protoc-gen-events generated on the message when it has one,
+// protojson itself otherwise (payloadjson.Append); the bytes are the same.
 func marshalJSON(m proto.Message) ([]byte, error) {
-	b, err := payloadJSON.Marshal(m)
-	if err != nil {
-		return nil, err
-	}
-	return compactJSON(b), nil
+	return payloadjson.Append(make([]byte, 0, payloadBuffer), m)
 }
+
+// payloadBuffer is the room marshalJSON starts with: most payloads fit, so
+// the encoder appends without growing the buffer.
+const payloadBuffer = 256
 
 // UnmarshalPayload decodes the payload into dst, a message of the
 // envelope's event type. Unknown fields (added by a newer producer) are

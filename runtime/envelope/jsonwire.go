@@ -149,31 +149,3 @@ func appendHTMLEscaped(b, src []byte) []byte {
 	}
 	return append(b, src[start:]...)
 }
-
-// compactJSON removes the whitespace between the tokens of b, valid JSON,
-// in place and returns the shortened slice. It is json.Compact for input
-// known to be valid (protojson's output), without the validating scanner.
-func compactJSON(b []byte) []byte {
-	out := 0
-	inString, escaped := false, false
-	for _, c := range b {
-		switch {
-		case inString:
-			switch {
-			case escaped:
-				escaped = false
-			case c == '\\':
-				escaped = true
-			case c == '"':
-				inString = false
-			}
-		case c == ' ' || c == '\t' || c == '\n' || c == '\r':
-			continue
-		case c == '"':
-			inString = true
-		}
-		b[out] = c
-		out++
-	}
-	return b[:out]
-}

@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/protoevents/protoevents/runtime/events"
@@ -163,29 +162,6 @@ func TestJSONEnvelopeOfPayloadsNewDidNotMake(t *testing.T) {
 	value, _, err := e.Encode()
 	if err != nil || !bytes.Contains(value, []byte(`"payload":{"a":"replaced"}`)) {
 		t.Fatalf("replaced payload: %s, %v", value, err)
-	}
-}
-
-func TestCompactJSONMatchesCompact(t *testing.T) {
-	r := rand.New(rand.NewPCG(5, 6))
-	for i := range 2000 {
-		s, err := structpb.NewStruct(map[string]any{"text": validString(r), "nested": map[string]any{"a": validString(r), "b": []any{float64(i), "x y", map[string]any{}}}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, multiline := range []bool{false, true} {
-			b, err := protojson.MarshalOptions{Multiline: multiline}.Marshal(s)
-			if err != nil {
-				t.Fatal(err)
-			}
-			var want bytes.Buffer
-			if err := json.Compact(&want, b); err != nil {
-				t.Fatal(err)
-			}
-			if got := compactJSON(bytes.Clone(b)); !bytes.Equal(got, want.Bytes()) {
-				t.Fatalf("compactJSON(%s) = %s, json.Compact = %s", b, got, want.Bytes())
-			}
-		}
 	}
 }
 

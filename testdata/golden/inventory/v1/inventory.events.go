@@ -16,6 +16,7 @@ import (
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
+	payloadjson "github.com/protoevents/protoevents/runtime/payloadjson"
 )
 
 // This is a compile-time assertion that this generated file and the events
@@ -265,4 +266,93 @@ func init() {
 	if err := events.Register(InventoryEvents...); err != nil {
 		panic(err)
 	}
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *Stock) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.Warehouse != nil {
+		b = append(payloadjson.Sep(b, start), `"warehouse":`...)
+		b = strconv.AppendInt(b, int64(*x.Warehouse), 10)
+	}
+	if x.Sku != nil {
+		b = append(payloadjson.Sep(b, start), `"sku":`...)
+		if b, err = payloadjson.AppendString(b, *x.Sku, "inventory.v1.Stock.sku"); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *Stock_Adjusted) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.Warehouse != nil {
+		b = append(payloadjson.Sep(b, start), `"warehouse":`...)
+		b = strconv.AppendInt(b, int64(*x.Warehouse), 10)
+	}
+	if x.Sku != nil {
+		b = append(payloadjson.Sep(b, start), `"sku":`...)
+		if b, err = payloadjson.AppendString(b, *x.Sku, "inventory.v1.Stock.Adjusted.sku"); err != nil {
+			return b, err
+		}
+	}
+	if x.Delta != nil {
+		b = append(payloadjson.Sep(b, start), `"delta":`...)
+		b = strconv.AppendInt(b, int64(*x.Delta), 10)
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *ShelfScanned) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.Location != nil {
+		b = append(payloadjson.Sep(b, start), `"location":`...)
+		if b, err = x.Location.AppendPayloadJSON(b); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *ShelfScanned_Location) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	b = append(b, '{')
+	start := len(b)
+	if x.Shelf != nil {
+		b = append(payloadjson.Sep(b, start), `"shelf":`...)
+		b = strconv.AppendUint(b, uint64(*x.Shelf), 10)
+	}
+	return append(b, '}'), nil
 }

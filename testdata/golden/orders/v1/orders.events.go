@@ -15,6 +15,7 @@ import (
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
+	payloadjson "github.com/protoevents/protoevents/runtime/payloadjson"
 )
 
 // This is a compile-time assertion that this generated file and the events
@@ -257,4 +258,82 @@ func init() {
 	if err := events.Register(OrdersEvents...); err != nil {
 		panic(err)
 	}
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *OrderPlaced) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.OrderId != "" {
+		b = append(payloadjson.Sep(b, start), `"order_id":`...)
+		if b, err = payloadjson.AppendString(b, x.OrderId, "orders.v1.OrderPlaced.order_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.CustomerId != "" {
+		b = append(payloadjson.Sep(b, start), `"customer_id":`...)
+		if b, err = payloadjson.AppendString(b, x.CustomerId, "orders.v1.OrderPlaced.customer_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.Total != nil {
+		b = append(payloadjson.Sep(b, start), `"total":`...)
+		if b, err = payloadjson.Append(b, x.Total); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *OrderCancelled) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.Order != nil {
+		b = append(payloadjson.Sep(b, start), `"order":`...)
+		if b, err = x.Order.AppendPayloadJSON(b); err != nil {
+			return b, err
+		}
+	}
+	if x.Reason != "" {
+		b = append(payloadjson.Sep(b, start), `"reason":`...)
+		if b, err = payloadjson.AppendString(b, x.Reason, "orders.v1.OrderCancelled.reason"); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *OrderRef) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.Id != "" {
+		b = append(payloadjson.Sep(b, start), `"id":`...)
+		if b, err = payloadjson.AppendString(b, x.Id, "orders.v1.OrderRef.id"); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
 }

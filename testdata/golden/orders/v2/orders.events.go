@@ -10,11 +10,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
+	payloadjson "github.com/protoevents/protoevents/runtime/payloadjson"
 	ordersv1 "github.com/protoevents/protoevents/testdata/golden/orders/v1"
 )
 
@@ -169,4 +171,93 @@ func init() {
 	if err := events.Register(OrdersEvents...); err != nil {
 		panic(err)
 	}
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *OrderPlaced) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.Order != nil {
+		b = append(payloadjson.Sep(b, start), `"order":`...)
+		if b, err = x.Order.AppendPayloadJSON(b); err != nil {
+			return b, err
+		}
+	}
+	if len(x.Items) > 0 {
+		b = append(payloadjson.Sep(b, start), `"items":`...)
+		b = append(b, '[')
+		for i, v := range x.Items {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			if b, err = v.AppendPayloadJSON(b); err != nil {
+				return b, err
+			}
+		}
+		b = append(b, ']')
+	}
+	if x.Total != nil {
+		b = append(payloadjson.Sep(b, start), `"total":`...)
+		if b, err = payloadjson.Append(b, x.Total); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *OrderPlaced_Order) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.Id != "" {
+		b = append(payloadjson.Sep(b, start), `"id":`...)
+		if b, err = payloadjson.AppendString(b, x.Id, "orders.v2.OrderPlaced.Order.id"); err != nil {
+			return b, err
+		}
+	}
+	if x.CustomerId != "" {
+		b = append(payloadjson.Sep(b, start), `"customer_id":`...)
+		if b, err = payloadjson.AppendString(b, x.CustomerId, "orders.v2.OrderPlaced.Order.customer_id"); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *OrderPlaced_LineItem) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.Sku != "" {
+		b = append(payloadjson.Sep(b, start), `"sku":`...)
+		if b, err = payloadjson.AppendString(b, x.Sku, "orders.v2.OrderPlaced.LineItem.sku"); err != nil {
+			return b, err
+		}
+	}
+	if x.Quantity != 0 {
+		b = append(payloadjson.Sep(b, start), `"quantity":`...)
+		b = strconv.AppendUint(b, uint64(x.Quantity), 10)
+	}
+	return append(b, '}'), nil
 }

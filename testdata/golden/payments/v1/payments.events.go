@@ -17,6 +17,7 @@ import (
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
+	payloadjson "github.com/protoevents/protoevents/runtime/payloadjson"
 )
 
 // This is a compile-time assertion that this generated file and the events
@@ -493,4 +494,83 @@ func init() {
 	if err := events.Register(PaymentsEvents...); err != nil {
 		panic(err)
 	}
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *PaymentCaptured) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	b = append(b, '{')
+	start := len(b)
+	if x.PaymentId != 0 {
+		b = append(payloadjson.Sep(b, start), `"payment_id":`...)
+		b = payloadjson.AppendInt64(b, x.PaymentId)
+	}
+	if x.AmountMinorUnits != 0 {
+		b = append(payloadjson.Sep(b, start), `"amount_minor_units":`...)
+		b = payloadjson.AppendInt64(b, x.AmountMinorUnits)
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *LedgerEntryPosted) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	b = append(b, '{')
+	start := len(b)
+	if x.LedgerSeq != 0 {
+		b = append(payloadjson.Sep(b, start), `"ledger_seq":`...)
+		b = payloadjson.AppendUint64(b, x.LedgerSeq)
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *CardFingerprinted) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	b = append(b, '{')
+	start := len(b)
+	if len(x.Fingerprint) > 0 {
+		b = append(payloadjson.Sep(b, start), `"fingerprint":`...)
+		b = payloadjson.AppendBytes(b, x.Fingerprint)
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *RefundRequested) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.RefundId != nil {
+		b = append(payloadjson.Sep(b, start), `"refund_id":`...)
+		if b, err = payloadjson.AppendString(b, *x.RefundId, "payments.v1.RefundRequested.refund_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.PaymentId != 0 {
+		b = append(payloadjson.Sep(b, start), `"payment_id":`...)
+		b = payloadjson.AppendInt64(b, x.PaymentId)
+	}
+	return append(b, '}'), nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
+	payloadjson "github.com/protoevents/protoevents/runtime/payloadjson"
 )
 
 // This is a compile-time assertion that this generated file and the events
@@ -145,4 +146,57 @@ func init() {
 	if err := events.Register(ShippingProtoEvents...); err != nil {
 		panic(err)
 	}
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *ParcelShipped) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.TrackingNumber != "" {
+		b = append(payloadjson.Sep(b, start), `"tracking_number":`...)
+		if b, err = payloadjson.AppendString(b, x.TrackingNumber, "shipping.v1.ParcelShipped.tracking_number"); err != nil {
+			return b, err
+		}
+	}
+	if x.OrderId != "" {
+		b = append(payloadjson.Sep(b, start), `"order_id":`...)
+		if b, err = payloadjson.AppendString(b, x.OrderId, "shipping.v1.ParcelShipped.order_id"); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *ShippingEvents) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if len(x.Parcels) > 0 {
+		b = append(payloadjson.Sep(b, start), `"parcels":`...)
+		b = append(b, '[')
+		for i, v := range x.Parcels {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			if b, err = v.AppendPayloadJSON(b); err != nil {
+				return b, err
+			}
+		}
+		b = append(b, ']')
+	}
+	return append(b, '}'), nil
 }

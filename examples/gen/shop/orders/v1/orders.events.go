@@ -10,11 +10,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
+	payloadjson "github.com/protoevents/protoevents/runtime/payloadjson"
 )
 
 // This is a compile-time assertion that this generated file and the events
@@ -258,4 +260,115 @@ func init() {
 	if err := events.Register(OrdersEvents...); err != nil {
 		panic(err)
 	}
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *OrderPlaced) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.OrderId != "" {
+		b = append(payloadjson.Sep(b, start), `"order_id":`...)
+		if b, err = payloadjson.AppendString(b, x.OrderId, "shop.orders.v1.OrderPlaced.order_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.CustomerId != "" {
+		b = append(payloadjson.Sep(b, start), `"customer_id":`...)
+		if b, err = payloadjson.AppendString(b, x.CustomerId, "shop.orders.v1.OrderPlaced.customer_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.TotalCents != 0 {
+		b = append(payloadjson.Sep(b, start), `"total_cents":`...)
+		b = payloadjson.AppendInt64(b, x.TotalCents)
+	}
+	if x.Currency != "" {
+		b = append(payloadjson.Sep(b, start), `"currency":`...)
+		if b, err = payloadjson.AppendString(b, x.Currency, "shop.orders.v1.OrderPlaced.currency"); err != nil {
+			return b, err
+		}
+	}
+	if len(x.Items) > 0 {
+		b = append(payloadjson.Sep(b, start), `"items":`...)
+		b = append(b, '[')
+		for i, v := range x.Items {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			if b, err = v.AppendPayloadJSON(b); err != nil {
+				return b, err
+			}
+		}
+		b = append(b, ']')
+	}
+	if x.Country != "" {
+		b = append(payloadjson.Sep(b, start), `"country":`...)
+		if b, err = payloadjson.AppendString(b, x.Country, "shop.orders.v1.OrderPlaced.country"); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *LineItem) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.Sku != "" {
+		b = append(payloadjson.Sep(b, start), `"sku":`...)
+		if b, err = payloadjson.AppendString(b, x.Sku, "shop.orders.v1.LineItem.sku"); err != nil {
+			return b, err
+		}
+	}
+	if x.Quantity != 0 {
+		b = append(payloadjson.Sep(b, start), `"quantity":`...)
+		b = strconv.AppendUint(b, uint64(x.Quantity), 10)
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *OrderCancelled) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.OrderId != "" {
+		b = append(payloadjson.Sep(b, start), `"order_id":`...)
+		if b, err = payloadjson.AppendString(b, x.OrderId, "shop.orders.v1.OrderCancelled.order_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.Reason != "" {
+		b = append(payloadjson.Sep(b, start), `"reason":`...)
+		if b, err = payloadjson.AppendString(b, x.Reason, "shop.orders.v1.OrderCancelled.reason"); err != nil {
+			return b, err
+		}
+	}
+	if x.CancelledBy != nil {
+		b = append(payloadjson.Sep(b, start), `"cancelled_by":`...)
+		if b, err = payloadjson.AppendString(b, *x.CancelledBy, "shop.orders.v1.OrderCancelled.cancelled_by"); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
 }

@@ -10,12 +10,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 	ordersv1 "github.com/protoevents/protoevents/examples/gen/shop/orders/v1"
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
+	payloadjson "github.com/protoevents/protoevents/runtime/payloadjson"
 )
 
 // This is a compile-time assertion that this generated file and the events
@@ -170,4 +172,129 @@ func init() {
 	if err := events.Register(OrdersEvents...); err != nil {
 		panic(err)
 	}
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *OrderPlaced) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.OrderId != "" {
+		b = append(payloadjson.Sep(b, start), `"order_id":`...)
+		if b, err = payloadjson.AppendString(b, x.OrderId, "shop.orders.v2.OrderPlaced.order_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.Customer != nil {
+		b = append(payloadjson.Sep(b, start), `"customer":`...)
+		if b, err = x.Customer.AppendPayloadJSON(b); err != nil {
+			return b, err
+		}
+	}
+	if x.Total != nil {
+		b = append(payloadjson.Sep(b, start), `"total":`...)
+		if b, err = x.Total.AppendPayloadJSON(b); err != nil {
+			return b, err
+		}
+	}
+	if len(x.Items) > 0 {
+		b = append(payloadjson.Sep(b, start), `"items":`...)
+		b = append(b, '[')
+		for i, v := range x.Items {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			if b, err = v.AppendPayloadJSON(b); err != nil {
+				return b, err
+			}
+		}
+		b = append(b, ']')
+	}
+	if x.Country != "" {
+		b = append(payloadjson.Sep(b, start), `"country":`...)
+		if b, err = payloadjson.AppendString(b, x.Country, "shop.orders.v2.OrderPlaced.country"); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *Customer) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.Id != "" {
+		b = append(payloadjson.Sep(b, start), `"id":`...)
+		if b, err = payloadjson.AppendString(b, x.Id, "shop.orders.v2.Customer.id"); err != nil {
+			return b, err
+		}
+	}
+	if x.Segment != "" {
+		b = append(payloadjson.Sep(b, start), `"segment":`...)
+		if b, err = payloadjson.AppendString(b, x.Segment, "shop.orders.v2.Customer.segment"); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *Money) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.Currency != "" {
+		b = append(payloadjson.Sep(b, start), `"currency":`...)
+		if b, err = payloadjson.AppendString(b, x.Currency, "shop.orders.v2.Money.currency"); err != nil {
+			return b, err
+		}
+	}
+	if x.Units != 0 {
+		b = append(payloadjson.Sep(b, start), `"units":`...)
+		b = payloadjson.AppendInt64(b, x.Units)
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *LineItem) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.Sku != "" {
+		b = append(payloadjson.Sep(b, start), `"sku":`...)
+		if b, err = payloadjson.AppendString(b, x.Sku, "shop.orders.v2.LineItem.sku"); err != nil {
+			return b, err
+		}
+	}
+	if x.Quantity != 0 {
+		b = append(payloadjson.Sep(b, start), `"quantity":`...)
+		b = strconv.AppendUint(b, uint64(x.Quantity), 10)
+	}
+	return append(b, '}'), nil
 }

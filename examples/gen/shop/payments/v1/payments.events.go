@@ -15,6 +15,7 @@ import (
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
+	payloadjson "github.com/protoevents/protoevents/runtime/payloadjson"
 )
 
 // This is a compile-time assertion that this generated file and the events
@@ -709,4 +710,162 @@ func init() {
 	if err := events.Register(PaymentsEvents...); err != nil {
 		panic(err)
 	}
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *ChargeCard) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.OrderId != "" {
+		b = append(payloadjson.Sep(b, start), `"order_id":`...)
+		if b, err = payloadjson.AppendString(b, x.OrderId, "shop.payments.v1.ChargeCard.order_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.CustomerId != "" {
+		b = append(payloadjson.Sep(b, start), `"customer_id":`...)
+		if b, err = payloadjson.AppendString(b, x.CustomerId, "shop.payments.v1.ChargeCard.customer_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.AmountCents != 0 {
+		b = append(payloadjson.Sep(b, start), `"amount_cents":`...)
+		b = payloadjson.AppendInt64(b, x.AmountCents)
+	}
+	if x.Currency != "" {
+		b = append(payloadjson.Sep(b, start), `"currency":`...)
+		if b, err = payloadjson.AppendString(b, x.Currency, "shop.payments.v1.ChargeCard.currency"); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *CardCharged) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.OrderId != "" {
+		b = append(payloadjson.Sep(b, start), `"order_id":`...)
+		if b, err = payloadjson.AppendString(b, x.OrderId, "shop.payments.v1.CardCharged.order_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.ChargeId != "" {
+		b = append(payloadjson.Sep(b, start), `"charge_id":`...)
+		if b, err = payloadjson.AppendString(b, x.ChargeId, "shop.payments.v1.CardCharged.charge_id"); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *CardDeclined) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.OrderId != "" {
+		b = append(payloadjson.Sep(b, start), `"order_id":`...)
+		if b, err = payloadjson.AppendString(b, x.OrderId, "shop.payments.v1.CardDeclined.order_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.Reason != "" {
+		b = append(payloadjson.Sep(b, start), `"reason":`...)
+		if b, err = payloadjson.AppendString(b, x.Reason, "shop.payments.v1.CardDeclined.reason"); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *RefundCard) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.OrderId != "" {
+		b = append(payloadjson.Sep(b, start), `"order_id":`...)
+		if b, err = payloadjson.AppendString(b, x.OrderId, "shop.payments.v1.RefundCard.order_id"); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *CardRefunded) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.OrderId != "" {
+		b = append(payloadjson.Sep(b, start), `"order_id":`...)
+		if b, err = payloadjson.AppendString(b, x.OrderId, "shop.payments.v1.CardRefunded.order_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.RefundedCents != 0 {
+		b = append(payloadjson.Sep(b, start), `"refunded_cents":`...)
+		b = payloadjson.AppendInt64(b, x.RefundedCents)
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *RefundFailed) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.OrderId != "" {
+		b = append(payloadjson.Sep(b, start), `"order_id":`...)
+		if b, err = payloadjson.AppendString(b, x.OrderId, "shop.payments.v1.RefundFailed.order_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.Reason != "" {
+		b = append(payloadjson.Sep(b, start), `"reason":`...)
+		if b, err = payloadjson.AppendString(b, x.Reason, "shop.payments.v1.RefundFailed.reason"); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
+	payloadjson "github.com/protoevents/protoevents/runtime/payloadjson"
 )
 
 // This is a compile-time assertion that this generated file and the events
@@ -378,4 +379,82 @@ func init() {
 	if err := events.Register(SchedulingEvents...); err != nil {
 		panic(err)
 	}
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *ScheduleShipping) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.OrderId != "" {
+		b = append(payloadjson.Sep(b, start), `"order_id":`...)
+		if b, err = payloadjson.AppendString(b, x.OrderId, "shop.shipping.v1.ScheduleShipping.order_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.Country != "" {
+		b = append(payloadjson.Sep(b, start), `"country":`...)
+		if b, err = payloadjson.AppendString(b, x.Country, "shop.shipping.v1.ScheduleShipping.country"); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *ShippingScheduled) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.OrderId != "" {
+		b = append(payloadjson.Sep(b, start), `"order_id":`...)
+		if b, err = payloadjson.AppendString(b, x.OrderId, "shop.shipping.v1.ShippingScheduled.order_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.PickupId != "" {
+		b = append(payloadjson.Sep(b, start), `"pickup_id":`...)
+		if b, err = payloadjson.AppendString(b, x.PickupId, "shop.shipping.v1.ShippingScheduled.pickup_id"); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *ShippingRefused) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.OrderId != "" {
+		b = append(payloadjson.Sep(b, start), `"order_id":`...)
+		if b, err = payloadjson.AppendString(b, x.OrderId, "shop.shipping.v1.ShippingRefused.order_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.Reason != "" {
+		b = append(payloadjson.Sep(b, start), `"reason":`...)
+		if b, err = payloadjson.AppendString(b, x.Reason, "shop.shipping.v1.ShippingRefused.reason"); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
 }

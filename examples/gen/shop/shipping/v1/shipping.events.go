@@ -15,6 +15,7 @@ import (
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
+	payloadjson "github.com/protoevents/protoevents/runtime/payloadjson"
 )
 
 // This is a compile-time assertion that this generated file and the events
@@ -147,4 +148,36 @@ func init() {
 	if err := events.Register(ShippingEvents...); err != nil {
 		panic(err)
 	}
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *ShipmentCreated) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.OrderId != "" {
+		b = append(payloadjson.Sep(b, start), `"order_id":`...)
+		if b, err = payloadjson.AppendString(b, x.OrderId, "shop.shipping.v1.ShipmentCreated.order_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.ShipmentId != "" {
+		b = append(payloadjson.Sep(b, start), `"shipment_id":`...)
+		if b, err = payloadjson.AppendString(b, x.ShipmentId, "shop.shipping.v1.ShipmentCreated.shipment_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.Carrier != "" {
+		b = append(payloadjson.Sep(b, start), `"carrier":`...)
+		if b, err = payloadjson.AppendString(b, x.Carrier, "shop.shipping.v1.ShipmentCreated.carrier"); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
 }

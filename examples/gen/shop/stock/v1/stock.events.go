@@ -10,11 +10,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
+	payloadjson "github.com/protoevents/protoevents/runtime/payloadjson"
 )
 
 // This is a compile-time assertion that this generated file and the events
@@ -597,4 +599,130 @@ func init() {
 	if err := events.Register(StockEvents...); err != nil {
 		panic(err)
 	}
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *ReserveStock) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.OrderId != "" {
+		b = append(payloadjson.Sep(b, start), `"order_id":`...)
+		if b, err = payloadjson.AppendString(b, x.OrderId, "shop.stock.v1.ReserveStock.order_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.Sku != "" {
+		b = append(payloadjson.Sep(b, start), `"sku":`...)
+		if b, err = payloadjson.AppendString(b, x.Sku, "shop.stock.v1.ReserveStock.sku"); err != nil {
+			return b, err
+		}
+	}
+	if x.Quantity != 0 {
+		b = append(payloadjson.Sep(b, start), `"quantity":`...)
+		b = strconv.AppendUint(b, uint64(x.Quantity), 10)
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *StockReserved) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.OrderId != "" {
+		b = append(payloadjson.Sep(b, start), `"order_id":`...)
+		if b, err = payloadjson.AppendString(b, x.OrderId, "shop.stock.v1.StockReserved.order_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.ReservationId != "" {
+		b = append(payloadjson.Sep(b, start), `"reservation_id":`...)
+		if b, err = payloadjson.AppendString(b, x.ReservationId, "shop.stock.v1.StockReserved.reservation_id"); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *StockUnavailable) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.OrderId != "" {
+		b = append(payloadjson.Sep(b, start), `"order_id":`...)
+		if b, err = payloadjson.AppendString(b, x.OrderId, "shop.stock.v1.StockUnavailable.order_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.Reason != "" {
+		b = append(payloadjson.Sep(b, start), `"reason":`...)
+		if b, err = payloadjson.AppendString(b, x.Reason, "shop.stock.v1.StockUnavailable.reason"); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *ReleaseStock) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.OrderId != "" {
+		b = append(payloadjson.Sep(b, start), `"order_id":`...)
+		if b, err = payloadjson.AppendString(b, x.OrderId, "shop.stock.v1.ReleaseStock.order_id"); err != nil {
+			return b, err
+		}
+	}
+	return append(b, '}'), nil
+}
+
+// AppendPayloadJSON appends x to b as the JSON payload of an event envelope:
+// the bytes protojson writes with proto field names, compacted, without its
+// reflection. A nil x is an empty object. A string that is not valid UTF-8 is
+// an error, as in protojson.
+func (x *StockReleased) AppendPayloadJSON(b []byte) ([]byte, error) {
+	if x == nil {
+		return append(b, "{}"...), nil
+	}
+	var err error
+	b = append(b, '{')
+	start := len(b)
+	if x.OrderId != "" {
+		b = append(payloadjson.Sep(b, start), `"order_id":`...)
+		if b, err = payloadjson.AppendString(b, x.OrderId, "shop.stock.v1.StockReleased.order_id"); err != nil {
+			return b, err
+		}
+	}
+	if x.ReleasedQuantity != 0 {
+		b = append(payloadjson.Sep(b, start), `"released_quantity":`...)
+		b = strconv.AppendUint(b, uint64(x.ReleasedQuantity), 10)
+	}
+	return append(b, '}'), nil
 }
