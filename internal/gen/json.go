@@ -192,11 +192,11 @@ func populated(fd *protogen.Field, x *jen.Statement) jen.Code {
 // code point).
 func (e *jsonEncoder) mapBody(fd *protogen.Field, x *jen.Statement) []jen.Code {
 	key, val := fd.Message.Fields[0], fd.Message.Fields[1]
-	entry := func(k jen.Code) []jen.Code {
+	entry := func(k, v jen.Code) []jen.Code {
 		return append([]jen.Code{
 			jen.Id("b").Op("=").Qual(payloadJSONPkg, "Sep").Call(jen.Id("b"), jen.Id("open")),
 			e.mapKey(fd, key, k),
-		}, e.value(val, x.Clone().Index(k))...)
+		}, e.value(val, v)...)
 	}
 	code := []jen.Code{
 		jen.Id("b").Op("=").Append(jen.Id("b"), jen.LitRune('{')),
@@ -205,12 +205,13 @@ func (e *jsonEncoder) mapBody(fd *protogen.Field, x *jen.Statement) []jen.Code {
 	if key.Desc.Kind() == protoreflect.BoolKind {
 		code = append(code, jen.For(jen.List(jen.Id("_"), jen.Id("k")).Op(":=").Range().Index(jen.Lit(2)).Bool().Values(jen.False(), jen.True())).Block(
 			append([]jen.Code{
-				jen.If(jen.List(jen.Id("_"), jen.Id("ok")).Op(":=").Add(x.Clone().Index(jen.Id("k"))), jen.Op("!").Id("ok")).Block(jen.Continue()),
-			}, entry(jen.Id("k"))...)...,
+				jen.List(jen.Id("v"), jen.Id("ok")).Op(":=").Add(x.Clone().Index(jen.Id("k"))),
+				jen.If(jen.Op("!").Id("ok")).Block(jen.Continue()),
+			}, entry(jen.Id("k"), jen.Id("v"))...)...,
 		))
 	} else {
 		code = append(code, jen.For(jen.List(jen.Id("_"), jen.Id("k")).Op(":=").Range().Qual("slices", "Sorted").Call(jen.Qual("maps", "Keys").Call(x.Clone()))).Block(
-			entry(jen.Id("k"))...,
+			entry(jen.Id("k"), x.Clone().Index(jen.Id("k")))...,
 		))
 	}
 	return append(code, jen.Id("b").Op("=").Append(jen.Id("b"), jen.LitRune('}')))

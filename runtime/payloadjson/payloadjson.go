@@ -53,7 +53,7 @@ func AppendMessage(b []byte, m proto.Message) ([]byte, error) {
 	if err != nil {
 		return b, err
 	}
-	return append(out[:start], Compact(out[start:])...), nil
+	return out[:start+len(Compact(out[start:]))], nil
 }
 
 // Compact removes the whitespace between the tokens of b, valid JSON, in

@@ -596,12 +596,13 @@ func (x *Everything) AppendPayloadJSON(b []byte) ([]byte, error) {
 		b = append(b, '{')
 		open := len(b)
 		for _, k := range [2]bool{false, true} {
-			if _, ok := x.MBoolEnum[k]; !ok {
+			v, ok := x.MBoolEnum[k]
+			if !ok {
 				continue
 			}
 			b = payloadjson.Sep(b, open)
 			b = payloadjson.AppendBoolName(b, k)
-			b = payloadjson.AppendEnum(b, x.MBoolEnum[k])
+			b = payloadjson.AppendEnum(b, v)
 		}
 		b = append(b, '}')
 	}
