@@ -132,7 +132,8 @@ func WithBatchSize(n int) RelayOption {
 // most 64). Each worker is a relay of its own inside Run: its own database
 // session, its own share of the lanes (advisory locks, balanced with every
 // other worker of every relay on the table), its own pipelined
-// claim–publish–mark loop, all on one Kafka producer. Per-key order holds
+// claim–publish–mark loop and its own kafka-go Writer (WithKafkaWriter's
+// function runs once for each). Per-key order holds
 // as it does across relay instances: a lane has one owner at a time. More
 // workers overlap the database work of several batches, which raises the
 // drain rate of one relay when the database, not Kafka, is the bottleneck;
@@ -163,10 +164,11 @@ func WithMaxBatchBytes(n int) RelayOption {
 }
 
 // WithPollInterval sets the longest delay between the relay's looks for new
-// rows while it is idle (default 100ms). Right after work it looks every
-// millisecond, doubling the delay on every empty look up to d; a Writer in
-// the same process wakes it at once (Writer.Notify). Each look is one
-// index-only probe of the pending rows, so a short interval costs the
+// rows while it is idle (default 100ms). Right after work it looks a
+// millisecond after its last look, doubling the delay on every empty look
+// up to d; a Writer in the same process wakes it at once (a PipelineTx
+// right after its COMMIT, see Writer.Notify). Each look is one index probe
+// per owned lane of the pending rows, so a short interval costs the
 // database little; a longer one trades latency for fewer queries.
 func WithPollInterval(d time.Duration) RelayOption {
 	return relayFunc(func(c *relayConfig) {
@@ -259,10 +261,19 @@ func WithLogger(l *slog.Logger) RelayOption {
 
 // WithKafkaWriter lets the caller adjust the kafka-go Writer the relay
 // publishes with: Transport (TLS, SASL), Balancer, WriteTimeout,
-// MaxAttempts, Compression, AllowAutoTopicCreation, loggers. The settings
-// the relay's guarantees rest on are restored after fn runs: RequiredAcks =
-// RequireAll, synchronous writes, per-message topics, and batch limits large
-// enough that one call sends each partition's messages in one request.
+// MaxAttempts, Compression, AllowAutoTopicCreation, loggers. fn runs once
+// per lane worker (WithWorkers), each of which has a Writer of its own:
+// build a Transport once, outside fn, and share it (the relay does not
+// close a Transport it was given). The settings the relay's guarantees
+// rest on are restored after fn runs: RequiredAcks = RequireAll,
+// synchronous writes, per-message topics, and batch limits large enough
+// that one call sends each partition's messages in one request (the relay
+// sets BatchSize to each call's size before the call, so the Writer's
+// Stats must not be read while the relay runs). The relay's BatchTimeout
+// is 1ns: every call hands over a whole batch, so there is nothing to wait
+// for; a longer one delays every batch by at least that, and by about a
+// millisecond when the process is otherwise idle (the Go runtime then
+// sleeps in whole milliseconds).
 func WithKafkaWriter(fn func(*kafka.Writer)) RelayOption {
 	return relayFunc(func(c *relayConfig) {
 		if fn != nil {

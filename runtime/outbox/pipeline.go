@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -101,6 +102,9 @@ type PipelineTx struct {
 	// flush or a savepoint rollback that failed, say on a cancelled
 	// context): the transaction must not commit without them.
 	lost error
+	// sent are the outbox tables rows were sent to: their relays in this
+	// process are woken once the COMMIT has made the rows visible.
+	sent []tableName
 }
 
 // queuedRow is one encoded event waiting for Commit, with its table.
@@ -387,13 +391,30 @@ func (t *PipelineTx) flush(ctx context.Context, stmt string, args ...any) (tag p
 		err = cerr
 	}
 	if err == nil {
-		// As after a plain Write: relays of this process poll quickly
-		// from now on and find the rows once the transaction commits.
 		for _, run := range runs {
-			wakeTable(run[0].w.table)
+			if !slices.Contains(t.sent, run[0].w.table) {
+				t.sent = append(t.sent, run[0].w.table)
+			}
+			if stmt != t.commit {
+				// Sent ahead of another statement, the rows land when the
+				// transaction commits: the relays of this process poll
+				// quickly meanwhile, as after a plain Write, and are woken
+				// again after the COMMIT (committed).
+				wakeTable(run[0].w.table, false)
+			}
 		}
 	}
 	return tag, err
+}
+
+// committed wakes the relays of this process on every table the
+// transaction sent rows to, now that its COMMIT has made them visible: one
+// poll finds them.
+func (t *PipelineTx) committed() {
+	for _, tn := range t.sent {
+		wakeTable(tn, true)
+	}
+	t.sent = nil
 }
 
 // learn returns w's statements, reading its table's shape the first time
@@ -430,6 +451,15 @@ func (t *PipelineTx) Commit(ctx context.Context) error {
 	}
 	t.closed = true
 	defer t.end(ctx)
+	err := t.commitRows(ctx)
+	if err == nil {
+		t.committed()
+	}
+	return err
+}
+
+// commitRows sends the queued rows and the COMMIT (see Commit).
+func (t *PipelineTx) commitRows(ctx context.Context) error {
 	if cause := cmp.Or(t.lost, t.broken); cause != nil {
 		// end rolls back: committing would keep the business change
 		// without its events, or the transaction never opened.
@@ -587,7 +617,11 @@ func (t *PipelineTx) Exec(ctx context.Context, sql string, args ...any) (pgconn.
 	if err := t.before(ctx, sql); err != nil {
 		return pgconn.CommandTag{}, err
 	}
-	return t.exec(ctx, sql, args)
+	tag, err := t.exec(ctx, sql, args)
+	if err == nil && tag.String() == "COMMIT" {
+		t.committed() // a COMMIT sent as text
+	}
+	return tag, err
 }
 
 // droppedFor records that queued rows were dropped for a rollback that

@@ -36,10 +36,13 @@ import (
 // # Finding rows: adaptive polling
 //
 // The relay polls its lanes' pending rows (a partial index on id): right
-// after work every millisecond, doubling the delay on every empty poll up to
-// the poll interval (WithPollInterval, default 100ms). A Writer in the same
-// process wakes it at once (Writer.Notify). There is no NOTIFY trigger: it
-// would serialise the commits of all outbox writers (docs/design.md).
+// after work a millisecond after its last look, doubling the delay on every
+// empty poll up to the poll interval (WithPollInterval, default 100ms). A
+// Writer in the same process wakes it at once (Writer.Notify): a PipelineTx
+// right after its COMMIT, when one poll finds the rows; a Write on another
+// transaction right after its insert, followed by quick polls that catch the
+// caller's commit. There is no NOTIFY trigger: it would serialise the
+// commits of all outbox writers (docs/design.md).
 //
 // # Pipelined batches
 //
@@ -49,7 +52,10 @@ import (
 // acks=all, murmur2 partitioning like the Java client) and marked
 // published in one UPDATE. While a batch is in flight the relay marks the
 // previous one and claims the next (excluding the rows in flight), so the
-// database work overlaps the produce round trip. At most one batch is in
+// database work overlaps the produce round trip: at once when rows are
+// known or likely to wait (the last claim left some, a wake-up came, or the
+// poll delay passed), else as soon as a wake-up comes before the
+// acknowledgement. At most one batch is in
 // flight: the next is sent only once the previous one is acknowledged, and
 // without the rows of keys that failed in it, so a key's events never
 // overtake each other. The batch size adapts to the backlog: it starts at
@@ -244,9 +250,15 @@ func (r *Relay) Run(ctx context.Context) error {
 	start := newStartBarrier(len(loops))
 	q := newQueries(rt.qualified())
 	for i := range loops {
-		wake := make(chan struct{}, 1)
-		defer registerWake(rt.schema, rt.name, wake)()
-		l := &loop{r: r, worker: i, t: rt, q: q, w: w, wake: wake, grace: graceCtx,
+		wake, unregister := registerWake(rt.schema, rt.name)
+		defer unregister()
+		// Each worker has a writer of its own: send sets its batch size
+		// for every call.
+		lw := w
+		if i > 0 {
+			lw = r.newKafkaWriter()
+		}
+		l := &loop{r: r, worker: i, t: rt, q: q, w: lw, wake: wake, grace: graceCtx,
 			bo: backoff{min: r.cfg.backoffMin, max: r.cfg.backoffMax}, limit: min(minBatch, r.cfg.batchSize), poll: pollMin,
 			start: start}
 		loops[i] = l
@@ -263,8 +275,10 @@ func (r *Relay) Run(ctx context.Context) error {
 	// Shut down in an order that keeps lane ownership airtight: first let
 	// kafka-go finish any produce request still in flight, then drop the
 	// sessions, which frees the lanes for the other relays.
-	if cerr := w.Close(); cerr != nil {
-		r.log.Warn("outbox relay: close kafka writer", "err", cerr)
+	for _, l := range loops {
+		if cerr := l.w.Close(); cerr != nil {
+			r.log.Warn("outbox relay: close kafka writer", "err", cerr)
+		}
 	}
 	for _, l := range loops {
 		if l.s != nil {
@@ -331,7 +345,7 @@ func (r *Relay) newKafkaWriter() *kafka.Writer {
 	w := &kafka.Writer{
 		Addr:            kafka.TCP(r.brokers...),
 		Balancer:        kafka.Murmur2Balancer{},
-		BatchTimeout:    100 * time.Microsecond,
+		BatchTimeout:    time.Nanosecond,
 		MaxAttempts:     3,
 		WriteBackoffMin: 50 * time.Millisecond,
 		WriteBackoffMax: 500 * time.Millisecond,
@@ -382,7 +396,7 @@ type loop struct {
 	t      resolvedTable
 	q      queries
 	w      *kafka.Writer
-	wake   chan struct{}
+	wake   *waker
 	// grace is canceled the shutdown grace after Run's ctx: the batch in
 	// flight is published and marked under it.
 	grace context.Context
@@ -393,6 +407,12 @@ type loop struct {
 	fast int
 	// limit is the adaptive batch size; poll the next idle poll delay.
 	limit int
+	// lastLook is when the last claim ended (or a pump found no lanes to
+	// claim from); the next idle poll comes the poll delay after it.
+	// backlog says the last claim left rows behind in the lanes (some
+	// lane gave its whole quota).
+	lastLook time.Time
+	backlog  bool
 	// demand is what each owned lane gave the last claim, which the next
 	// quotas follow; turn is where the lanes taken in turn start.
 	demand map[int]laneDemand
@@ -521,11 +541,15 @@ func (l *loop) run(ctx context.Context) error {
 			continue
 		}
 		l.bo.reset()
-		if n > 0 {
+		switch {
+		case n > 0:
+			// Right after work the next poll comes pollMin after the
+			// last look, sooner on a wake-up; a backlog goes on at once.
 			l.poll = pollMin
-			continue
-		}
-		if l.worker == 0 && !l.cleaned {
+			if l.backlog {
+				continue
+			}
+		case l.worker == 0 && !l.cleaned:
 			l.nextCleanup = time.Now() // caught up: the first cleanup is due
 			continue
 		}
@@ -546,7 +570,10 @@ func (l *loop) due() bool {
 // task, whichever comes first. The poll delay doubles after every empty
 // poll, up to the poll interval; a wake-up or work resets it.
 func (l *loop) idle(ctx context.Context) {
-	d := min(l.poll, time.Until(l.nextRebalance), time.Until(l.nextCleanup))
+	if l.woken() {
+		return
+	}
+	d := min(l.poll-time.Since(l.lastLook), time.Until(l.nextRebalance), time.Until(l.nextCleanup))
 	if l.fast > 0 {
 		l.fast-- // just woken: the rows come with the writer's commit, any moment now
 	} else {
@@ -572,10 +599,41 @@ func (l *loop) idle(ctx context.Context) {
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-	case <-l.wake:
-		l.poll, l.fast = pollMin, wakeFastPolls
+	case <-l.wake.ch:
+		l.gotWake()
 	case <-t.C:
 	}
+}
+
+// woken reports whether a wake-up came since the last look, taking it.
+func (l *loop) woken() bool {
+	select {
+	case <-l.wake.ch:
+		l.gotWake()
+		return true
+	default:
+		return false
+	}
+}
+
+// gotWake resets the poll delay on a wake-up; one sent before the writer's
+// commit keeps the polls quick for a while, since the rows come with that
+// commit, any moment now.
+func (l *loop) gotWake() {
+	l.poll = pollMin
+	if l.wake.uncommitted.Swap(false) {
+		l.fast = wakeFastPolls
+	}
+}
+
+// claimDue reports whether the claim of the next batch should run while a
+// batch is in flight: when the last claim left rows behind (a backlog),
+// a wake-up announced rows, or the poll delay since the last claim passed.
+// Otherwise the pipeline drains and the rows that come meanwhile are found
+// by the next wake-up or poll, which saves the database a claim per batch
+// when rows trickle in.
+func (l *loop) claimDue() bool {
+	return l.backlog || l.woken() || time.Since(l.lastLook) >= l.poll
 }
 
 // failed reports err, records it in the health and sleeps for the next
@@ -749,6 +807,9 @@ func (l *loop) claim(ctx context.Context, inFlight []claimed) ([]claimed, error)
 	for i := range inFlight {
 		exclude[i] = inFlight[i].ID
 	}
+	// The next look is timed from the end of this one: a claim slower
+	// than the poll delay must not be followed by another at once.
+	defer func() { l.lastLook = time.Now() }()
 	lanes, quotas := l.quotas()
 	var rows pgx.Rows
 	var err error
@@ -775,6 +836,10 @@ func (l *loop) claim(ctx context.Context, inFlight []claimed) ([]claimed, error)
 	// lane's rows.
 	slices.SortFunc(batch, func(a, b claimed) int { return cmp.Compare(a.ID, b.ID) })
 	more := l.noteDemand(batch, lanes, quotas)
+	l.backlog = more || len(batch) > l.limit
+	if len(batch) > 0 {
+		l.poll = pollMin // work resets the poll delay
+	}
 	if len(batch) > l.limit {
 		// Every lane was asked for the whole batch size, and together they
 		// hold more: a backlog, so the batch grows to what it may hold at
@@ -940,6 +1005,7 @@ type outcome struct {
 // with nothing in flight, and the number of rows published.
 func (l *loop) pump(ctx context.Context) (int, error) {
 	if len(l.s.owned) == 0 {
+		l.lastLook = time.Now() // nothing to look at: idle waits its poll delay
 		return 0, nil
 	}
 	// The claims run under the grace context: canceling a query makes pgx
@@ -959,13 +1025,24 @@ func (l *loop) pump(ctx context.Context) (int, error) {
 			return total + n, errors.Join(err, serr)
 		}
 		// While the batch is in flight: mark the previous one and claim
-		// the next.
+		// the next, at once when rows are known or likely (claimDue), or
+		// as soon as a wake-up announces some before the acknowledgement.
 		var next []claimed
 		n, dberr := l.settle(prev)
 		total += n
 		prev = nil
-		if dberr == nil && ctx.Err() == nil && !l.due() {
+		mayClaim := func() bool { return dberr == nil && ctx.Err() == nil && !l.due() }
+		if mayClaim() && l.claimDue() {
 			next, dberr = l.claim(l.grace, fl.batch)
+		} else {
+			select {
+			case <-fl.done:
+			case <-l.wake.ch:
+				l.gotWake()
+				if mayClaim() {
+					next, dberr = l.claim(l.grace, fl.batch)
+				}
+			}
 		}
 		<-fl.done
 		out := l.judge(fl)
@@ -1030,8 +1107,10 @@ func (l *loop) send(batch []claimed) (*flight, error) {
 		if size += estimateSize(&m); i > 0 && size > l.r.cfg.maxBatchBytes {
 			batch = batch[:i]
 			// Claim no more than fits next time: the rest would be read
-			// again and again only to be dropped here.
+			// again and again only to be dropped here. The rest waits:
+			// claim it at once.
 			l.limit = max(min(minBatch, l.r.cfg.batchSize), i)
+			l.backlog = true
 			break
 		}
 		msgs = append(msgs, m)
@@ -1040,6 +1119,14 @@ func (l *loop) send(batch []claimed) (*flight, error) {
 		f(len(batch))
 	}
 	fl := &flight{batch: batch, msgs: msgs, done: make(chan struct{})}
+	// kafka-go gives every new partition batch room for BatchSize messages
+	// up front (76 KB at 500), whatever the call holds: sized to the call,
+	// a trickle of one-row batches no longer allocates a full batch each,
+	// which drove the garbage collector, and a partition's share still
+	// fits one batch, so one produce request. The loop's writer is its own
+	// and one call runs at a time (the flight; retryByTopic sends subsets
+	// of it), so nothing reads the field meanwhile.
+	l.w.BatchSize = max(1, len(msgs))
 	go func() {
 		defer close(fl.done)
 		ctx, end := l.r.tracer.start(l.grace, fl)

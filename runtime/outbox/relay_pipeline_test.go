@@ -2,12 +2,17 @@ package outbox
 
 import (
 	"context"
+	"fmt"
+	"maps"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kmsg"
+
+	"github.com/protoevents/protoevents/runtime/events"
 )
 
 // TestRelayClaimsNextBatchWhileOneIsInFlight: the broker holds back the
@@ -146,5 +151,63 @@ func TestRelayFillsBatchesFromOneHotLane(t *testing.T) {
 	}
 	if dups := checkDelivery(t, b.readAll(t), want); dups != 0 {
 		t.Fatalf("%d duplicates without any failure", dups)
+	}
+}
+
+// TestRelaySendsEachPartitionShareInOneRequest: every batch's rows bound for
+// one partition reach the broker in exactly one produce request (which the
+// broker appends or refuses as a whole), with the relay's batch sizes
+// changing from call to call (a backlog in batches of up to 200, then a
+// trickle of single rows) and two lane workers each with its own writer.
+func TestRelaySendsEachPartitionShareInOneRequest(t *testing.T) {
+	t.Parallel()
+	b := setup(t, true, 3)
+	var mu sync.Mutex
+	// shares counts "partition/rows" of the produce requests seen and of
+	// the batches the relay published.
+	sent, published := map[string]int{}, map[string]int{}
+	b.kafka.Fake.ControlKey(int16(kmsg.Produce), func(req kmsg.Request) (kmsg.Response, error, bool) {
+		b.kafka.Fake.KeepControl()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, tp := range req.(*kmsg.ProduceRequest).Topics {
+			for _, p := range tp.Partitions {
+				var rb kmsg.RecordBatch
+				if err := rb.ReadFrom(p.Records); err != nil {
+					t.Errorf("produce request for partition %d: %v", p.Partition, err)
+					continue
+				}
+				sent[fmt.Sprintf("%d/%d", p.Partition, rb.NumRecords)]++
+			}
+		}
+		return nil, nil, false
+	})
+	afterPublish := func(_ context.Context, rows []Row) error {
+		per := map[int]int{}
+		for _, r := range rows {
+			per[(kafka.Murmur2Balancer{}).Balance(kafka.Message{Key: r.Key}, 0, 1, 2)]++
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for p, n := range per {
+			published[fmt.Sprintf("%d/%d", p, n)]++
+		}
+		return nil
+	}
+	evs, want := sequence(b.d, 1200, 24)
+	b.write(t, evs[:1000])
+	b.startRelay(t, WithBatchSize(200), WithWorkers(2), WithHooks(Hooks{AfterPublish: afterPublish}))
+	b.waitDrained(t, time.Minute)
+	for _, ev := range evs[1000:] {
+		b.write(t, []events.Event{ev})
+	}
+	b.waitDrained(t, time.Minute)
+	if dups := checkDelivery(t, b.readAll(t), want); dups != 0 {
+		t.Fatalf("%d duplicates without any failure", dups)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if !maps.Equal(sent, published) {
+		t.Fatalf("produce requests by partition/records %v, batches' shares by partition/rows %v: a share was split or merged", sent, published)
 	}
 }

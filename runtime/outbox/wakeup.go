@@ -2,6 +2,7 @@ package outbox
 
 import (
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -24,29 +25,33 @@ const (
 	wakeFastPolls = 8
 )
 
-// wakeRegistry holds the wake-up channels of the relays running in this
-// process, by outbox table name.
+// wakeRegistry holds the wake-ups of the relays running in this process.
 var wakeRegistry struct {
 	sync.Mutex
-	relays map[*wakeEntry]struct{}
+	relays map[*waker]struct{}
 }
 
-type wakeEntry struct {
+// waker is one relay loop's wake-up: a signal, and whether the rows it
+// announces may still be on their way (written, not yet committed).
+type waker struct {
 	schema, name string
 	ch           chan struct{}
+	// uncommitted is set by a wake-up sent before the writer's commit:
+	// the loop then keeps polling quickly for a while (wakeFastPolls).
+	uncommitted atomic.Bool
 }
 
-// registerWake makes ch receive the wake-ups for the table; the returned
-// function unregisters it.
-func registerWake(schema, name string, ch chan struct{}) func() {
-	e := &wakeEntry{schema: schema, name: name, ch: ch}
+// registerWake returns the wake-up of a loop on the table, registered until
+// the returned function is called.
+func registerWake(schema, name string) (*waker, func()) {
+	e := &waker{schema: schema, name: name, ch: make(chan struct{}, 1)}
 	wakeRegistry.Lock()
 	if wakeRegistry.relays == nil {
-		wakeRegistry.relays = map[*wakeEntry]struct{}{}
+		wakeRegistry.relays = map[*waker]struct{}{}
 	}
 	wakeRegistry.relays[e] = struct{}{}
 	wakeRegistry.Unlock()
-	return func() {
+	return e, func() {
 		wakeRegistry.Lock()
 		delete(wakeRegistry.relays, e)
 		wakeRegistry.Unlock()
@@ -55,31 +60,34 @@ func registerWake(schema, name string, ch chan struct{}) func() {
 
 // wakeTable wakes the relays of this process whose table matches t: by
 // name, and by schema too when t names one (an unqualified name may resolve
-// to any schema; a needless wake-up costs one poll).
-func wakeTable(t tableName) {
+// to any schema; a needless wake-up costs one poll). committed says the
+// rows are visible now (a PipelineTx wakes after its COMMIT): one poll
+// finds them. Otherwise they land when the caller commits, and the relays
+// poll quickly for a while.
+func wakeTable(t tableName, committed bool) {
 	wakeRegistry.Lock()
 	defer wakeRegistry.Unlock()
 	for e := range wakeRegistry.relays {
 		if e.name == t.name && (t.schema == "" || t.schema == e.schema) {
-			signal(e.ch)
+			if !committed {
+				e.uncommitted.Store(true)
+			}
+			select {
+			case e.ch <- struct{}{}:
+			default: // one pending wake-up is enough
+			}
 		}
 	}
 }
 
 // Notify wakes the relays running in this process on the Writer's table:
 // they poll at once and then every millisecond or so, backing off, instead
-// of waiting out their idle poll interval. Write and WriteBatch call it
-// after their insert (before the caller commits: the quick polls that
-// follow find the rows once the commit lands); call it again right after
-// committing when a transaction stays open long after its writes. It
-// never blocks and costs nothing when no relay runs in the process; relays
-// in other processes find the rows by polling (WithPollInterval).
-func (w *Writer) Notify() { wakeTable(w.table) }
-
-// signal wakes a loop without blocking; one pending wake-up is enough.
-func signal(wake chan<- struct{}) {
-	select {
-	case wake <- struct{}{}:
-	default:
-	}
-}
+// of waiting out their idle poll interval. Write and WriteBatch on a
+// transaction other than a PipelineTx call it after their insert (before
+// the caller commits: the quick polls that follow find the rows once the
+// commit lands); a PipelineTx wakes the relays right after its COMMIT,
+// when one poll finds the rows. Call it again right after committing when
+// a transaction stays open long after its writes. It never blocks and
+// costs nothing when no relay runs in the process; relays in other
+// processes find the rows by polling (WithPollInterval).
+func (w *Writer) Notify() { wakeTable(w.table, false) }

@@ -6,9 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/runtime/events"
 )
 
 // oldNotifyTrigger is the wake-up trigger of earlier versions, installed by
@@ -233,17 +235,10 @@ func commitBehindStuckCommit(ctx context.Context, t *testing.T, pool *pgxpool.Po
 // only those.
 func TestNotifyWakesTheRelaysOfItsTable(t *testing.T) {
 	t.Parallel()
-	mine, other := make(chan struct{}, 1), make(chan struct{}, 1)
-	defer registerWake("shop", "notify_test_outbox", mine)()
-	defer registerWake("shop", "notify_test_other", other)()
-	woken := func(ch chan struct{}) bool {
-		select {
-		case <-ch:
-			return true
-		default:
-			return false
-		}
-	}
+	mine, unregisterMine := registerWake("shop", "notify_test_outbox")
+	defer unregisterMine()
+	other, unregisterOther := registerWake("shop", "notify_test_other")
+	defer unregisterOther()
 	for _, tc := range []struct {
 		table string
 		want  bool
@@ -253,18 +248,133 @@ func TestNotifyWakesTheRelaysOfItsTable(t *testing.T) {
 			t.Fatal(err)
 		}
 		w.Notify()
-		if got := woken(mine); got != tc.want {
+		if got, _ := wokenBy(mine); got != tc.want {
 			t.Errorf("Notify on %s woke the relay of shop.notify_test_outbox: %v, want %v", tc.table, got, tc.want)
 		}
-		if woken(other) {
+		if got, _ := wokenBy(other); got {
 			t.Errorf("Notify on %s woke the relay of another table", tc.table)
 		}
 	}
-	unregister := registerWake("shop", "notify_test_third", other)
+	third, unregister := registerWake("shop", "notify_test_third")
 	unregister()
 	w, _ := NewWriter(WithTable("notify_test_third"))
 	w.Notify()
-	if woken(other) {
+	if got, _ := wokenBy(third); got {
 		t.Error("an unregistered relay was woken")
+	}
+}
+
+// wokenBy reports whether w holds a wake-up, taking it, and whether it
+// announced rows not committed yet.
+func wokenBy(w *waker) (woken, uncommitted bool) {
+	select {
+	case <-w.ch:
+		return true, w.uncommitted.Swap(false)
+	default:
+		return false, false
+	}
+}
+
+// TestWritersWakeTheRelaysWhenTheRowsCome: a PipelineTx wakes the relays
+// of this process once its COMMIT has made the rows visible, and says so
+// (one poll finds them: no quick polls follow); a Write on a plain pgx
+// transaction wakes them right after its INSERT, announcing rows still to
+// be committed (quick polls follow, see wakeFastPolls), and so does a
+// PipelineTx that sends rows before its COMMIT, waking them again after it;
+// a PipelineTx that rolls back wakes nobody.
+func TestWritersWakeTheRelaysWhenTheRowsCome(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pool, _ := testenv.DB(t)
+	const table = "wake_test_outbox"
+	if err := Migrate(ctx, pool, WithTable(table)); err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWriter(WithTable(table))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wk, unregister := registerWake("", table)
+	defer unregister()
+	d := descriptorFor("wake-test")
+
+	ptx, err := Begin(ctx, pool, pgx.TxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(ctx, ptx, newEvent(d, "k", 1)); err != nil {
+		t.Fatal(err)
+	}
+	if woken, _ := wokenBy(wk); woken {
+		t.Fatal("a PipelineTx woke the relays before its COMMIT, with its rows still queued")
+	}
+	if err := ptx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if woken, uncommitted := wokenBy(wk); !woken || uncommitted {
+		t.Fatalf("after a PipelineTx's COMMIT: woken %v, announcing uncommitted rows %v; want a wake-up for committed rows", woken, uncommitted)
+	}
+
+	// Rows sent before the COMMIT (a fixed event ID is inserted at once; a
+	// savepoint sends the queued rows ahead of it): quick polls from then
+	// on, and a wake-up for committed rows after the COMMIT.
+	for _, tc := range []struct {
+		name  string
+		write func(pgx.Tx) error
+	}{{"fixed event ID", func(tx pgx.Tx) error {
+		_, err := w.Write(ctx, tx, newEvent(d, "k", 1), events.WithEventID(events.EventID{9, 9}))
+		return err
+	}}, {"savepoint after the write", func(tx pgx.Tx) error {
+		if _, err := w.Write(ctx, tx, newEvent(d, "k", 1)); err != nil {
+			return err
+		}
+		sp, err := tx.Begin(ctx)
+		if err != nil {
+			return err
+		}
+		return sp.Commit(ctx)
+	}}} {
+		ptx, err := Begin(ctx, pool, pgx.TxOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := tc.write(ptx); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if woken, uncommitted := wokenBy(wk); !woken || !uncommitted {
+			t.Fatalf("%s, rows sent before the COMMIT: woken %v, announcing uncommitted rows %v; want both", tc.name, woken, uncommitted)
+		}
+		if err := ptx.Commit(ctx); err != nil {
+			t.Fatalf("%s: %v", tc.name, err)
+		}
+		if woken, uncommitted := wokenBy(wk); !woken || uncommitted {
+			t.Fatalf("%s, after the COMMIT: woken %v, announcing uncommitted rows %v; want a wake-up for committed rows", tc.name, woken, uncommitted)
+		}
+	}
+
+	ptx, err = Begin(ctx, pool, pgx.TxOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(ctx, ptx, newEvent(d, "k", 2)); err != nil {
+		t.Fatal(err)
+	}
+	if err := ptx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if woken, _ := wokenBy(wk); woken {
+		t.Fatal("a PipelineTx that rolled back woke the relays")
+	}
+
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if _, err := w.Write(ctx, tx, newEvent(d, "k", 3)); err != nil {
+		t.Fatal(err)
+	}
+	if woken, uncommitted := wokenBy(wk); !woken || !uncommitted {
+		t.Fatalf("after a Write on a pgx transaction: woken %v, announcing uncommitted rows %v; want both", woken, uncommitted)
 	}
 }

@@ -347,7 +347,7 @@ func (w *Writer) Write(ctx context.Context, tx Tx, ev events.Event, opts ...even
 	}
 	// Relays of this process poll quickly from now on and find the row
 	// once the caller commits (see Notify).
-	wakeTable(w.table)
+	wakeTable(w.table, false)
 	return r.id, nil
 }
 
@@ -385,7 +385,7 @@ func (w *Writer) WriteBatch(ctx context.Context, tx Tx, evs []events.Event, opts
 	if _, err := tx.Exec(ctx, q, args...); err != nil {
 		return nil, fmt.Errorf("outbox: insert %d events into %s: %w", len(evs), w.table, w.insertFailed(err))
 	}
-	wakeTable(w.table)
+	wakeTable(w.table, false)
 	return ids, nil
 }
 
