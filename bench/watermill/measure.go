@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -316,11 +317,25 @@ func endToEnd(ctx context.Context, brokers []string, topic string, rate, produce
 		return e2eResult{}, err
 	}
 	defer func() { _ = stop() }()
-	for i := range warm {
-		sent[i].Store(time.Now().UnixNano())
-		if err := businessTx(ctx, s, i, publish); err != nil {
-			return e2eResult{}, err
-		}
+	// The warm-up runs on the producers' goroutines, so that each has a
+	// pooled connection with its statements prepared before the clock
+	// starts (one goroutine would warm one connection, and the first
+	// transactions of the others would pay for connecting).
+	var wwg sync.WaitGroup
+	werrs := make([]error, producers)
+	for p := range producers {
+		wwg.Add(1)
+		go func() {
+			defer wwg.Done()
+			for i := p; i < warm && werrs[p] == nil; i += producers {
+				sent[i].Store(time.Now().UnixNano())
+				werrs[p] = businessTx(ctx, s, i, publish)
+			}
+		}()
+	}
+	wwg.Wait()
+	if err := errors.Join(werrs...); err != nil {
+		return e2eResult{}, err
 	}
 	if err := waitFor(ctx, time.Minute, func() bool { return received.Load() >= warm }); err != nil {
 		return e2eResult{}, fmt.Errorf("warm-up events not delivered: %w", err)
