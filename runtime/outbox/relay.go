@@ -543,9 +543,9 @@ func (l *loop) run(ctx context.Context) error {
 		l.bo.reset()
 		switch {
 		case n > 0:
-			// Right after work the next poll comes pollMin after the
-			// last look, sooner on a wake-up; a backlog goes on at once.
-			l.poll = pollMin
+			// Right after work (claim has reset the poll delay) the next
+			// poll comes pollMin after the last look, sooner on a
+			// wake-up; a backlog goes on at once.
 			if l.backlog {
 				continue
 			}
@@ -628,7 +628,7 @@ func (l *loop) gotWake() {
 
 // claimDue reports whether the claim of the next batch should run while a
 // batch is in flight: when the last claim left rows behind (a backlog),
-// a wake-up announced rows, or the poll delay since the last claim passed.
+// a wake-up announced rows, or the poll delay passed since the last look.
 // Otherwise the pipeline drains and the rows that come meanwhile are found
 // by the next wake-up or poll, which saves the database a claim per batch
 // when rows trickle in.
