@@ -16,9 +16,9 @@ import (
 )
 
 // TestHandlerEventsGoWithTheCommit: the handler's transaction is an
-// outbox.PipelineTx: its BEGIN goes with the dedup insert, the events the
-// handler writes commit (or roll back) with its effects, and with one
-// transaction per message they go with the COMMIT.
+// outbox.CommitTx: the events the handler writes commit (or roll back) with
+// its effects, and with one transaction per message they go with the
+// COMMIT.
 func TestHandlerEventsGoWithTheCommit(t *testing.T) {
 	t.Parallel()
 	for _, maxBatch := range []int{1, DefaultMaxBatch} {
@@ -68,9 +68,6 @@ func TestHandlerEventsGoWithTheCommit(t *testing.T) {
 			}
 			if n := query(t, b.pool, `SELECT count(*) FROM outbox WHERE key = 'refused'::bytea`); n != 0 {
 				t.Fatalf("%d follow-up events of the refused message, want none", n)
-			}
-			if !trace.Batch("begin", `INSERT INTO "consumed_events"`) {
-				t.Fatal("no BEGIN sent with the dedup insert")
 			}
 			if maxBatch == 1 && !trace.Batch(`INSERT INTO "outbox"`, "COMMIT") {
 				t.Fatal("the handler's event did not go with the COMMIT")
@@ -136,30 +133,5 @@ func TestBatchHandlerNestedWriteThenFailure(t *testing.T) {
 	}
 	if got := query(t, b.pool, `SELECT count(*) FROM outbox`); got != n {
 		t.Fatalf("%d follow-up events, want %d", got, n)
-	}
-}
-
-// TestNoDedupCarriesBegin: without the dedup insert, the handler's first
-// statement carries the BEGIN; nothing sends it alone.
-func TestNoDedupCarriesBegin(t *testing.T) {
-	t.Parallel()
-	b := setup(t, 1)
-	pool, trace := testenv.TracedPool(t, b.pool)
-	b.produce(t, message(t, b.event(t, "a", 1), nil))
-	c, err := New(Config{Name: "nodedup", Brokers: b.kafka.Brokers, DB: pool}, b.handler("nodedup", nil),
-		append(fastOptions(), withoutDedup(), WithMaxBatch(1))...)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := start(t, c)
-	b.effectsAtLeast(t, 1, 30*time.Second)
-	if err := r.stop(); err != nil {
-		t.Fatal(err)
-	}
-	if !trace.Batch("begin", "INSERT INTO effects") {
-		t.Fatal("the BEGIN did not go with the handler's first statement")
-	}
-	if trace.Alone("begin") {
-		t.Fatal("a BEGIN was sent alone")
 	}
 }

@@ -9,7 +9,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
 	"github.com/protoevents/protoevents/runtime/events"
@@ -67,23 +66,13 @@ func (c *Consumer) sqlDB() *sql.DB {
 	return c.sqldb
 }
 
-// begin starts the dedup transaction of route r: an outbox.PipelineTx (in
-// a pooledTx), or for a database/sql handler a *sql.Tx seen through a
-// bridgeTx. The PipelineTx sends its BEGIN with the dedup insert (or the
-// handler's first statement), and the events the handler writes with the
-// COMMIT: each saves a round trip.
+// begin starts the dedup transaction of route r: an outbox.CommitTx on a
+// connection of the pool, or for a database/sql handler a *sql.Tx seen
+// through a bridgeTx. The CommitTx sends the events the handler writes
+// with an outbox.Writer together with the COMMIT, saving a round trip.
 func (c *Consumer) begin(ctx context.Context, r *route) (pgx.Tx, error) {
 	if !r.sql {
-		pc, err := c.cfg.DB.Acquire(ctx)
-		if err != nil {
-			return nil, fmt.Errorf("acquire a connection: %w", err)
-		}
-		tx, err := outbox.BeginConn(ctx, pc.Conn(), pgx.TxOptions{})
-		if err != nil {
-			pc.Release()
-			return nil, err
-		}
-		return &pooledTx{PipelineTx: tx, pc: pc}, nil
+		return outbox.Begin(ctx, c.cfg.DB, pgx.TxOptions{})
 	}
 	conn, err := c.sqlDB().Conn(ctx)
 	if err != nil {
@@ -111,37 +100,9 @@ func (c *Consumer) begin(ctx context.Context, r *route) (pgx.Tx, error) {
 	return &bridgeTx{conn: conn, tx: tx, pc: pc}, nil
 }
 
-// pooledTx is an outbox.PipelineTx on a connection the consumer acquired
-// itself, so that the connection is at hand without asking the transaction
-// (whose Conn sends the BEGIN if it has not gone out): conn gives it to
-// the goroutine that closes an abandoned handler's socket. Commit and
-// Rollback return the connection to the pool. Embedding keeps it what
-// outbox.Writer looks for, so the handler's events still go with the
-// COMMIT.
-type pooledTx struct {
-	*outbox.PipelineTx
-	pc   *pgxpool.Conn
-	once sync.Once
-}
-
-func (t *pooledTx) Commit(ctx context.Context) error {
-	defer t.release()
-	return t.PipelineTx.Commit(ctx)
-}
-
-func (t *pooledTx) Rollback(ctx context.Context) error {
-	defer t.release()
-	return t.PipelineTx.Rollback(ctx)
-}
-
-func (t *pooledTx) release() { t.once.Do(t.pc.Release) }
-
 // rawConn is tx's connection, without opening the transaction.
 func rawConn(tx pgx.Tx) *pgx.Conn {
-	if t, ok := tx.(*pooledTx); ok {
-		return t.pc.Conn()
-	}
-	return tx.Conn() // a bridgeTx, which has its connection at hand
+	return tx.Conn() // a CommitTx or a bridgeTx: each has its connection at hand
 }
 
 // bridgeTx is a database/sql transaction seen as a pgx.Tx: the consumer's

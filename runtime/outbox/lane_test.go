@@ -43,7 +43,7 @@ func checkLanes(t *testing.T, pool *pgxpool.Pool, lanes int) int {
 }
 
 // writeEveryWay writes keys through every path a Writer has: Write and
-// WriteBatch on a pgx transaction, on a PipelineTx (queued with the COMMIT,
+// WriteBatch on a pgx transaction, on a CommitTx (held for the COMMIT,
 // and a fixed ID sent at once), and on database/sql through SQLTx — each
 // with a Writer of its own, so that each path learns the table's shape.
 func writeEveryWay(t *testing.T, pool *pgxpool.Pool, keys int) {
@@ -84,7 +84,7 @@ func writeEveryWay(t *testing.T, pool *pgxpool.Pool, keys int) {
 		return err
 	})
 	if err != nil {
-		t.Fatalf("PipelineTx: %v", err)
+		t.Fatalf("CommitTx: %v", err)
 	}
 	db := stdlib.OpenDBFromPool(pool)
 	defer db.Close()
@@ -204,34 +204,6 @@ func TestWriterRelearnsTheTable(t *testing.T) {
 		t.Fatalf("second write after the table changed back: %v", err)
 	}
 	checkLanes(t, pool, 16)
-}
-
-// execOnly is a Tx that cannot query, as a caller's own adapter may be.
-type execOnly struct{ tx pgx.Tx }
-
-func (e execOnly) Exec(ctx context.Context, q string, args ...any) (pgconn.CommandTag, error) {
-	return e.tx.Exec(ctx, q, args...)
-}
-
-// TestWriterThroughTxThatCannotQuery: a Tx with Exec alone cannot tell the
-// Writer its table's shape; on a table that generates its lanes it writes
-// as always, on a new one the refusal says what to do.
-func TestWriterThroughTxThatCannotQuery(t *testing.T) {
-	t.Parallel()
-	ctx := context.Background()
-	for _, earlier := range []bool{true, false} {
-		pool, w := laneFixture(t, earlier)
-		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-			_, err := w.Write(ctx, execOnly{tx}, newEvent(descriptorFor("exec"), "k", 0))
-			return err
-		})
-		switch {
-		case earlier && err != nil:
-			t.Fatalf("table of an earlier version: %v", err)
-		case !earlier && (err == nil || !strings.Contains(err.Error(), "cannot run a query")):
-			t.Fatalf("new table through a Tx that cannot query: %v, want the lane's refusal explained", err)
-		}
-	}
 }
 
 // TestWriterFollowsSearchPath: a Writer of an unqualified table keeps

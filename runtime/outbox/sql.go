@@ -64,19 +64,11 @@ WHERE locktype = 'advisory' AND granted AND objsubid = 2
 	sqlUnlockAll   = `SELECT pg_advisory_unlock_all()`
 	sqlUnlockLanes = `SELECT bool_and(pg_advisory_unlock($1, l)) FROM unnest($2::int[]) AS l`
 
-	// PipelineTx's own statements; savepoint names (sp_1, sp_2, …) are
-	// generated, never taken from the caller.
-	sqlCommit              = `COMMIT`
-	sqlRollback            = `ROLLBACK`
-	sqlSavepoint           = `SAVEPOINT `
-	sqlReleaseSavepoint    = `RELEASE SAVEPOINT `
-	sqlRollbackToSavepoint = `ROLLBACK TO SAVEPOINT `
-	// sqlNoop ends a flush that only sends the queued rows.
-	sqlNoop = `SELECT 1`
+	// sqlCommit ends a CommitTx, in the batch that carries its held rows.
+	sqlCommit = `COMMIT`
 )
 
-// insertColumns opens the column list of every INSERT a Writer sends; a
-// PipelineTx recognises the Writer's statements by it.
+// insertColumns opens the column list of every INSERT a Writer sends.
 const insertColumns = `(event_id, event_type, topic, key, value, headers`
 
 // inserts are a Writer's statements on one outbox table. A table created

@@ -9,10 +9,12 @@ import (
 )
 
 // Tx is the caller's open transaction a Writer writes in. A pgx.Tx (from
-// pgx.Conn or pgxpool.Pool) satisfies it as is, at no cost; a database/sql
-// transaction does through SQLTx.
+// pgx.Conn or pgxpool.Pool, or a *CommitTx) satisfies it as is; a
+// database/sql transaction does through SQLTx. The Writer inserts its rows
+// with Exec, and with QueryRow reads its table's shape once in its life.
 type Tx interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
 // SQLTx adapts a database/sql transaction for Writer (and generated

@@ -275,13 +275,13 @@ func wokenBy(w *waker) (woken, uncommitted bool) {
 	}
 }
 
-// TestWritersWakeTheRelaysWhenTheRowsCome: a PipelineTx wakes the relays
+// TestWritersWakeTheRelaysWhenTheRowsCome: a CommitTx wakes the relays
 // of this process once its COMMIT has made the rows visible, and says so
 // (one poll finds them: no quick polls follow); a Write on a plain pgx
 // transaction wakes them right after its INSERT, announcing rows still to
 // be committed (quick polls follow, see wakeFastPolls), and so does a
-// PipelineTx that sends rows before its COMMIT, waking them again after it;
-// a PipelineTx that rolls back wakes nobody.
+// CommitTx that sends rows before its COMMIT, waking them again after it;
+// a CommitTx that rolls back wakes nobody.
 func TestWritersWakeTheRelaysWhenTheRowsCome(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -306,17 +306,17 @@ func TestWritersWakeTheRelaysWhenTheRowsCome(t *testing.T) {
 		t.Fatal(err)
 	}
 	if woken, _ := wokenBy(wk); woken {
-		t.Fatal("a PipelineTx woke the relays before its COMMIT, with its rows still queued")
+		t.Fatal("a CommitTx woke the relays before its COMMIT, with its rows still held")
 	}
 	if err := ptx.Commit(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if woken, uncommitted := wokenBy(wk); !woken || uncommitted {
-		t.Fatalf("after a PipelineTx's COMMIT: woken %v, announcing uncommitted rows %v; want a wake-up for committed rows", woken, uncommitted)
+		t.Fatalf("after a CommitTx's COMMIT: woken %v, announcing uncommitted rows %v; want a wake-up for committed rows", woken, uncommitted)
 	}
 
 	// Rows sent before the COMMIT (a fixed event ID is inserted at once; a
-	// savepoint sends the queued rows ahead of it): quick polls from then
+	// savepoint sends the held rows ahead of it): quick polls from then
 	// on, and a wake-up for committed rows after the COMMIT.
 	for _, tc := range []struct {
 		name  string
@@ -363,7 +363,7 @@ func TestWritersWakeTheRelaysWhenTheRowsCome(t *testing.T) {
 		t.Fatal(err)
 	}
 	if woken, _ := wokenBy(wk); woken {
-		t.Fatal("a PipelineTx that rolled back woke the relays")
+		t.Fatal("a CommitTx that rolled back woke the relays")
 	}
 
 	tx, err := pool.Begin(ctx)

@@ -163,7 +163,7 @@ type row struct {
 }
 
 // learn returns the statements for the Writer's table, reading its shape
-// through q the first time (one query in the Writer's life): tables created
+// through q (the caller's transaction) the first time (one query in the Writer's life): tables created
 // by this version take their lane from the Writer's statements, earlier
 // ones generate it. It is best effort: when the table cannot be read (it
 // does not exist yet, the connection is busy) it returns the statements of
@@ -186,24 +186,6 @@ func (w *Writer) learn(ctx context.Context, q querier) *inserts {
 	w.learnErr.Store(nil)
 	return &ins
 }
-
-// learnThrough returns the statements for the table, learning its shape
-// through tx when tx can query (pgx's transactions and SQLTx can); a
-// PipelineTx learns when it sends its queued rows instead.
-func (w *Writer) learnThrough(ctx context.Context, tx Tx) *inserts {
-	if q, ok := tx.(querier); ok {
-		return w.learn(ctx, q)
-	}
-	if ins := w.ins.Load(); ins != nil {
-		return ins
-	}
-	w.learnErr.Store(&errCannotQuery)
-	return &w.generated
-}
-
-// errCannotQuery is why a Writer could not learn its table's shape through
-// a Tx with Exec alone.
-var errCannotQuery = errors.New("the transaction cannot run a query: it is neither pgx's nor SQLTx")
 
 // insertFailed explains an insert's error. When the error shows that the
 // table is not of the shape the Writer learned (a table dropped and
@@ -323,9 +305,11 @@ func (w *Writer) encode(ev events.Event, po events.PublishOptions) (row, error) 
 }
 
 // Write inserts one event into the outbox within tx (a pgx.Tx, or a
-// database/sql transaction through SQLTx) and returns its ID. An event
-// over the Writer's size limit is refused with an *EventTooLargeError, a nil
-// tx with ErrNilTx; nothing is written then.
+// database/sql transaction through SQLTx) and returns its ID. On a
+// *CommitTx the row is held instead and sent with the transaction's next
+// statement or its COMMIT (see CommitTx); on any other Tx it is inserted
+// now. An event over the Writer's size limit is refused with an
+// *EventTooLargeError, a nil tx with ErrNilTx; nothing is written then.
 func (w *Writer) Write(ctx context.Context, tx Tx, ev events.Event, opts ...events.PublishOption) (events.EventID, error) {
 	if err := checkTx(tx); err != nil {
 		return events.EventID{}, err
@@ -335,13 +319,13 @@ func (w *Writer) Write(ctx context.Context, tx Tx, ev events.Event, opts ...even
 	if err != nil {
 		return events.EventID{}, err
 	}
-	if q, ok := tx.(rowQueue); ok {
-		if err := w.queueRows(ctx, q, r); err != nil {
+	if c, ok := tx.(*CommitTx); ok {
+		if err := c.hold(ctx, w, []row{r}); err != nil {
 			return events.EventID{}, fmt.Errorf("outbox: write %s %s: %w", r.eventType, r.id, err)
 		}
 		return r.id, nil
 	}
-	q, args := w.learnThrough(ctx, tx).one(r)
+	q, args := w.learn(ctx, tx).one(r)
 	if _, err := tx.Exec(ctx, q, args...); err != nil {
 		return events.EventID{}, fmt.Errorf("outbox: insert %s %s into %s: %w", r.eventType, r.id, w.table, w.insertFailed(err))
 	}
@@ -352,7 +336,7 @@ func (w *Writer) Write(ctx context.Context, tx Tx, ev events.Event, opts ...even
 }
 
 // WriteBatch inserts many events into the outbox within tx in one round
-// trip and returns their IDs in order. The publish options apply to every
+// trip (on a *CommitTx: held, as Write) and returns their IDs in order. The publish options apply to every
 // event; a fixed event ID (events.WithEventID) is refused for more than one
 // event. One event over the size limit refuses the whole batch.
 func (w *Writer) WriteBatch(ctx context.Context, tx Tx, evs []events.Event, opts ...events.PublishOption) ([]events.EventID, error) {
@@ -375,34 +359,18 @@ func (w *Writer) WriteBatch(ctx context.Context, tx Tx, evs []events.Event, opts
 		}
 		ids[i], rows[i] = r.id, r
 	}
-	if q, ok := tx.(rowQueue); ok {
-		if err := w.queueRows(ctx, q, rows...); err != nil {
+	if c, ok := tx.(*CommitTx); ok {
+		if err := c.hold(ctx, w, rows); err != nil {
 			return nil, fmt.Errorf("outbox: write batch: %w", err)
 		}
 		return ids, nil
 	}
-	q, args := w.learnThrough(ctx, tx).run(rows)
+	q, args := w.learn(ctx, tx).run(rows)
 	if _, err := tx.Exec(ctx, q, args...); err != nil {
 		return nil, fmt.Errorf("outbox: insert %d events into %s: %w", len(evs), w.table, w.insertFailed(err))
 	}
 	wakeTable(w.table, false)
 	return ids, nil
-}
-
-// queueRows hands rows to the PipelineTx behind q, to be inserted with its
-// COMMIT. A fixed ID (only ever on a lone row) is inserted at once, after
-// the rows queued before it and in the same flight, so that a duplicate is
-// refused by the write itself.
-func (w *Writer) queueRows(ctx context.Context, q rowQueue, rows ...row) error {
-	p, err := q.pipeline()
-	if err != nil {
-		return err
-	}
-	p.enqueue(w, rows...)
-	if !rows[0].fixed {
-		return nil
-	}
-	return p.sendQueue(ctx)
 }
 
 // publishOptions applies opts and, unless they set a trace parent, takes
