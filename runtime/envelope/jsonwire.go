@@ -5,7 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"strconv"
-	"unicode/utf8"
+
+	"github.com/protoevents/protoevents/runtime/internal/jsonstr"
 )
 
 // The JSON envelope is written by hand rather than by encoding/json: the
@@ -75,57 +76,10 @@ func (e *Envelope) encodeJSON(id string, at []byte) ([]byte, error) {
 const hexDigits = "0123456789abcdef"
 
 // appendJSONString appends s as a JSON string the way encoding/json does
-// (HTML-safe): quotes, backslashes and control characters escaped, <, >
-// and & as \u003c, \u003e and \u0026, U+2028 and U+2029 escaped, and each
-// byte of invalid UTF-8 replaced by \ufffd.
+// (HTML-safe, invalid UTF-8 replaced by \ufffd).
 func appendJSONString(b []byte, s string) []byte {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
-				i++
-				continue
-			}
-			b = append(b, s[start:i]...)
-			switch c {
-			case '"', '\\':
-				b = append(b, '\\', c)
-			case '\b':
-				b = append(b, '\\', 'b')
-			case '\f':
-				b = append(b, '\\', 'f')
-			case '\n':
-				b = append(b, '\\', 'n')
-			case '\r':
-				b = append(b, '\\', 'r')
-			case '\t':
-				b = append(b, '\\', 't')
-			default:
-				b = append(b, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
-			}
-			i++
-			start = i
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && size == 1:
-			b = append(b, s[start:i]...)
-			b = append(b, `\ufffd`...)
-		case r == '\u2028' || r == '\u2029':
-			b = append(b, s[start:i]...)
-			b = append(b, '\\', 'u', '2', '0', '2', hexDigits[r&0xF])
-		default:
-			i += size
-			continue
-		}
-		i += size
-		start = i
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
+	b, _ = jsonstr.Append(b, s, jsonstr.Mode{HTML: true, Replace: true})
+	return b
 }
 
 // appendHTMLEscaped appends src, compact JSON, with <, >, &, U+2028 and

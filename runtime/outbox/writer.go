@@ -25,6 +25,7 @@ import (
 
 	"github.com/protoevents/protoevents/runtime/envelope"
 	"github.com/protoevents/protoevents/runtime/events"
+	"github.com/protoevents/protoevents/runtime/internal/jsonstr"
 )
 
 // Writer inserts event envelopes into the outbox table. It holds no
@@ -401,42 +402,12 @@ func encodeHeaders(hs []kafka.Header) (string, error) {
 			b = append(b, ',')
 		}
 		b = append(b, '[')
-		b = appendJSONString(b, h.Key)
+		b, _ = jsonstr.Append(b, h.Key, jsonstr.Mode{}) // valid UTF-8, checked above
 		b = append(b, ',')
-		b = appendJSONString(b, string(h.Value))
+		b, _ = jsonstr.Append(b, string(h.Value), jsonstr.Mode{})
 		b = append(b, ']')
 	}
 	return string(append(b, ']')), nil
-}
-
-// appendJSONString appends s, valid UTF-8, as a JSON string: quotes,
-// backslashes and control characters escaped, everything else as is.
-func appendJSONString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if c >= 0x20 && c != '"' && c != '\\' {
-			continue
-		}
-		b = append(b, s[start:i]...)
-		switch c {
-		case '"', '\\':
-			b = append(b, '\\', c)
-		case '\n':
-			b = append(b, '\\', 'n')
-		case '\r':
-			b = append(b, '\\', 'r')
-		case '\t':
-			b = append(b, '\\', 't')
-		default:
-			b = append(b, '\\', 'u', '0', '0', hex[c>>4], hex[c&0xf])
-		}
-		start = i + 1
-	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
 }
 
 // decodeHeaders is the inverse of encodeHeaders. The relay calls it for

@@ -15,13 +15,13 @@ import (
 	"encoding/base64"
 	"fmt"
 	"math"
-	"math/bits"
 	"strconv"
-	"unicode/utf8"
 
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	"github.com/protoevents/protoevents/runtime/internal/jsonstr"
 )
 
 // Appender is implemented by the messages protoc-gen-events generates an
@@ -99,47 +99,11 @@ func (e *InvalidUTF8Error) Error() string {
 // it: '"', '\\' and control characters only. Invalid UTF-8 is an
 // *InvalidUTF8Error naming field.
 func AppendString(b []byte, s string, field protoreflect.FullName) ([]byte, error) {
-	b = append(b, '"')
-	start := 0
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c >= utf8.RuneSelf {
-			r, n := utf8.DecodeRuneInString(s[i:])
-			if r == utf8.RuneError && n == 1 {
-				return b, &InvalidUTF8Error{Field: field}
-			}
-			i += n
-			continue
-		}
-		if c >= ' ' && c != '"' && c != '\\' {
-			i++
-			continue
-		}
-		b = append(b, s[start:i]...)
-		b = append(b, '\\')
-		switch c {
-		case '"', '\\':
-			b = append(b, c)
-		case '\b':
-			b = append(b, 'b')
-		case '\f':
-			b = append(b, 'f')
-		case '\n':
-			b = append(b, 'n')
-		case '\r':
-			b = append(b, 'r')
-		case '\t':
-			b = append(b, 't')
-		default:
-			b = append(b, 'u')
-			b = append(b, "0000"[1+(bits.Len32(uint32(c))-1)/4:]...)
-			b = strconv.AppendUint(b, uint64(c), 16)
-		}
-		i++
-		start = i
+	b, valid := jsonstr.Append(b, s, jsonstr.Mode{})
+	if !valid {
+		return b, &InvalidUTF8Error{Field: field}
 	}
-	b = append(b, s[start:]...)
-	return append(b, '"'), nil
+	return b, nil
 }
 
 // AppendName appends a map key as an object member's name, followed by
