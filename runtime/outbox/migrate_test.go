@@ -13,6 +13,7 @@ import (
 	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/envelope"
 	"github.com/protoevents/protoevents/runtime/events"
+	"github.com/protoevents/protoevents/runtime/internal/sqlident"
 )
 
 func TestParseTable(t *testing.T) {
@@ -45,8 +46,8 @@ func TestDerivedNamesFit(t *testing.T) {
 	long := strings.Repeat("a", 63)
 	other := strings.Repeat("a", 62) + "b"
 	x, y := derivedName(long, "_published_idx"), derivedName(other, "_published_idx")
-	if len(x) > maxIdentLen || len(y) > maxIdentLen || x == y {
-		t.Fatalf("derived names %q and %q must be distinct and at most %d bytes", x, y, maxIdentLen)
+	if len(x) > sqlident.MaxLen || len(y) > sqlident.MaxLen || x == y {
+		t.Fatalf("derived names %q and %q must be distinct and at most %d bytes", x, y, sqlident.MaxLen)
 	}
 	if got := derivedName("outbox", "_notify"); got != "outbox_notify" {
 		t.Fatalf("short names must stay readable, got %q", got)

@@ -1,15 +1,11 @@
 package outbox
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"regexp"
-	"strings"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/protoevents/protoevents/runtime/internal/sqlident"
 )
 
 // DefaultTable is the outbox table used when no WithTable option is given;
@@ -31,46 +27,24 @@ var ErrNoTable = errors.New("outbox: table does not exist: run `eventsctl migrat
 // errNotOutbox marks a table that exists but was not made by Migrate.
 var errNotOutbox = errors.New("is not a protoevents outbox")
 
-// identRE is what we accept as one part of a table name: a plain SQL
-// identifier. Names are quoted anyway; the check keeps out names that would
-// need quoting to be readable, and so surprise operators.
-var identRE = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
-// maxIdentLen is Postgres' NAMEDATALEN-1: longer names are truncated.
-const maxIdentLen = 63
-
 // tableName is a validated, optionally schema-qualified table name.
 type tableName struct {
 	schema string // empty: resolved through search_path
 	name   string
 }
 
-// parseTable validates "name" or "schema.name".
+// parseTable validates "name" or "schema.name" (sqlident's rule).
 func parseTable(s string) (tableName, error) {
-	parts := strings.Split(s, ".")
-	if len(parts) > 2 {
-		return tableName{}, fmt.Errorf("outbox: table name %q: at most one schema qualifier allowed", s)
+	t, err := sqlident.ParseTable(s)
+	if err != nil {
+		return tableName{}, fmt.Errorf("outbox: %w", err)
 	}
-	for _, p := range parts {
-		if len(p) > maxIdentLen {
-			return tableName{}, fmt.Errorf("outbox: table name %q: %q is longer than %d bytes", s, p, maxIdentLen)
-		}
-		if !identRE.MatchString(p) {
-			return tableName{}, fmt.Errorf("outbox: table name %q: %q is not an identifier ([A-Za-z_][A-Za-z0-9_]*)", s, p)
-		}
-	}
-	if len(parts) == 2 {
-		return tableName{schema: parts[0], name: parts[1]}, nil
-	}
-	return tableName{name: parts[0]}, nil
+	return tableName{schema: t.Schema, name: t.Name}, nil
 }
 
 // sanitized returns the quoted name for use in SQL text.
 func (t tableName) sanitized() string {
-	if t.schema == "" {
-		return pgx.Identifier{t.name}.Sanitize()
-	}
-	return pgx.Identifier{t.schema, t.name}.Sanitize()
+	return sqlident.Table{Schema: t.schema, Name: t.name}.Sanitize()
 }
 
 // String returns the name as given.
@@ -102,7 +76,9 @@ func (r resolvedTable) writerLanes() int {
 }
 
 // qualified returns the quoted, schema-qualified name.
-func (r resolvedTable) qualified() string { return pgx.Identifier{r.schema, r.name}.Sanitize() }
+func (r resolvedTable) qualified() string {
+	return sqlident.Table{Schema: r.schema, Name: r.name}.Sanitize()
+}
 
 // lockKey is the first half of the two-int4 advisory lock keys of the
 // table's lanes: the table's OID, so two outboxes (also in two schemas of
@@ -110,16 +86,8 @@ func (r resolvedTable) qualified() string { return pgx.Identifier{r.schema, r.na
 func (r resolvedTable) lockKey() int32 { return int32(r.oid) }
 
 // derivedName returns table+suffix, shortened with a hash when it would
-// exceed Postgres' identifier length (which would silently truncate and
-// could make two tables' indexes collide).
-func derivedName(table, suffix string) string {
-	if len(table)+len(suffix) <= maxIdentLen {
-		return table + suffix
-	}
-	sum := sha256.Sum256([]byte(table))
-	h := hex.EncodeToString(sum[:4])
-	return table[:maxIdentLen-len(suffix)-len(h)-1] + "_" + h + suffix
-}
+// exceed Postgres' identifier length (sqlident.Derived).
+func derivedName(table, suffix string) string { return sqlident.Derived(table, suffix) }
 
 // tableComment is recorded as the table's comment: it marks the table as a
 // protoevents outbox and records the lane count the relays must use.
@@ -144,9 +112,5 @@ func decodeComment(table, s string) (tableComment, error) {
 	return c, nil
 }
 
-// quoteLiteral quotes s as a SQL string literal (standard_conforming_strings
-// on, the default since Postgres 9.1). Used only for DDL text, where
-// parameters are not allowed.
-func quoteLiteral(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
-}
+// quoteLiteral quotes s as a SQL string literal, for DDL text.
+func quoteLiteral(s string) string { return sqlident.Literal(s) }
