@@ -12,7 +12,11 @@ func TestHandlers(t *testing.T) {
 		liveOK, readyOK int
 	}{{true, true, 200, 200}, {true, false, 200, 503}, {false, false, 503, 503}} {
 		check := func() (string, bool, bool) { return "status text", tc.live, tc.ready }
-		for h, want := range map[http.Handler]int{Live(check): tc.liveOK, Ready(check): tc.readyOK} {
+		for _, c := range []struct {
+			h    http.Handler
+			want int
+		}{{Live(check), tc.liveOK}, {Ready(check), tc.readyOK}} {
+			h, want := c.h, c.want
 			rec := httptest.NewRecorder()
 			h.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
 			if rec.Code != want || rec.Body.String() != "status text" || rec.Header().Get("Cache-Control") != "no-store" ||
