@@ -43,10 +43,11 @@ func ExampleWriter_Write() {
 	}
 }
 
-// BeginFunc replaces pgx.BeginFunc where a transaction writes events: the
-// BEGIN is sent with the first statement and the outbox rows with the
-// COMMIT, so this transaction is two round trips, one fewer than the
-// business insert alone on pgx.BeginFunc.
+// BeginFunc replaces pgx.BeginFunc where a transaction writes events: it
+// runs fn in a CommitTx, which holds the outbox rows until the next
+// statement or the COMMIT, so an event written last costs no round trip of
+// its own: this transaction is three round trips, as the business insert
+// alone on pgx.BeginFunc.
 func ExampleBeginFunc() {
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
@@ -60,12 +61,12 @@ func ExampleBeginFunc() {
 	}
 	var placed events.Event // a generated event message, e.g. &ordersv1.OrderPlaced{...}
 	err = outbox.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
-		// The first statement carries the BEGIN, in one batch.
 		if _, err := tx.Exec(ctx, `INSERT INTO orders (id, customer) VALUES ($1, $2)`, "o-1", "c-7"); err != nil {
 			return err
 		}
-		// Queued in tx: inserted and committed by BeginFunc's Commit, in
-		// one flight with the COMMIT.
+		// Held in tx: inserted by BeginFunc's Commit, in one flight with
+		// the COMMIT. A statement sent on tx after it would first send
+		// the row, so it sees the row as after any other INSERT.
 		_, err := w.Write(ctx, tx, placed)
 		return err
 	})
