@@ -2,6 +2,7 @@ package consumer
 
 import (
 	"context"
+	"embed"
 	"fmt"
 	"regexp"
 	"strings"
@@ -9,8 +10,16 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/protoevents/protoevents/templates"
+	"github.com/protoevents/protoevents/runtime/internal/sqltmpl"
 )
+
+// schemaFile is the consumer's SQL: the dedup table's schema and, as the
+// templates it defines, every statement on the table.
+//
+//go:embed consumer.sql
+var schemaFile embed.FS
+
+var schemaTemplates = sqltmpl.Must(schemaFile, "consumer.sql")
 
 // DefaultTable is the dedup table's name when WithTable is not given.
 const DefaultTable = "consumed_events"
@@ -24,7 +33,7 @@ var identPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 const maxIdentLen = 63
 
 // sqlSet is the consumer's SQL, rendered once per table name from
-// templates/consumer.sql.
+// consumer.sql.
 type sqlSet struct {
 	table   string // the table as given, e.g. "consumed_events" or "app.consumed_events"
 	migrate string
@@ -75,7 +84,7 @@ func renderSQL(table string) (*sqlSet, error) {
 		{"consumer_applied", &s.applied},
 		{"consumer_prune", &s.prune},
 	} {
-		if *r.dst, err = templates.Render(r.name, data); err != nil {
+		if *r.dst, err = schemaTemplates.Render(r.name, data); err != nil {
 			return nil, fmt.Errorf("consumer: %w", err)
 		}
 	}

@@ -3,12 +3,24 @@ package outbox
 import (
 	"context"
 	"database/sql"
+	"embed"
 	"errors"
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/protoevents/protoevents/runtime/internal/sqltmpl"
 )
+
+// schemaFiles are the outbox's schema: outbox.sql (the table and its
+// indexes) and outbox_dead.sql (stuck-row bookkeeping), rendered by
+// renderSchema and renderStuckSchema.
+//
+//go:embed outbox.sql outbox_dead.sql
+var schemaFiles embed.FS
+
+var schemaTemplates = sqltmpl.Must(schemaFiles, "outbox.sql", "outbox_dead.sql")
 
 // querier is what resolve needs: a pool, a connection or a transaction.
 type querier interface {

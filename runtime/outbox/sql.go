@@ -4,12 +4,10 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/protoevents/protoevents/templates"
 )
 
 // This file is the package's one place for SQL: the schema comes from
-// templates/outbox.sql, the statements below are built around a table name
+// outbox.sql, the statements below are built around a table name
 // that was validated and quoted with pgx.Identifier.
 
 // migrateLockKey serialises concurrent Migrate calls across the database
@@ -104,7 +102,7 @@ ORDER BY n`, table, cols, batch),
 
 // laneOf is the SQL of the lane of key (an expression of type bytea) in a
 // table of the given number of lanes. It is the formula the generated lane
-// column of earlier tables computes (templates/outbox.sql), so a key has
+// column of earlier tables computes (outbox.sql), so a key has
 // one lane whichever way its rows got it, and it lives in the statement,
 // which Postgres plans once per connection, where a generated column
 // re-plans its expression on every insert.
@@ -186,7 +184,7 @@ FROM %s WHERE published_at IS NULL`, table),
 	}
 }
 
-// schemaData fills templates/outbox.sql.
+// schemaData fills outbox.sql.
 type schemaData struct {
 	Table, Schema, TableLiteral                                          string
 	PendingIndex, OldPendingIndex, PublishedIndex, FixedIDIndex, Trigger string
@@ -195,7 +193,7 @@ type schemaData struct {
 }
 
 func renderSchema(schema, name string, lanes int) (string, error) {
-	return templates.Render("outbox.sql", schemaData{
+	return schemaTemplates.Render("outbox.sql", schemaData{
 		Table:           pgx.Identifier{schema, name}.Sanitize(),
 		TableLiteral:    quoteLiteral(pgx.Identifier{schema, name}.Sanitize()),
 		FixedIDIndex:    pgx.Identifier{derivedName(name, "_fixed_event_id_idx")}.Sanitize(),

@@ -4,12 +4,10 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/protoevents/protoevents/templates"
 )
 
 // This file holds the SQL of stuck-row handling (stuck.go): the schema comes
-// from templates/outbox_dead.sql, the statements below are built around
+// from outbox_dead.sql, the statements below are built around
 // table names that were validated and quoted with pgx.Identifier.
 
 // stuckTables names an outbox's stuck-row bookkeeping tables.
@@ -45,7 +43,7 @@ VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7, %s) RETURNING id`, t.outbox, laneOf(`
 }
 
 func renderStuckSchema(schema, name string) (string, error) {
-	return templates.Render("outbox_dead.sql", struct{ Table, Dead, Ops string }{
+	return schemaTemplates.Render("outbox_dead.sql", struct{ Table, Dead, Ops string }{
 		Table: pgx.Identifier{schema, name}.Sanitize(),
 		Dead:  pgx.Identifier{schema, derivedName(name, "_dead")}.Sanitize(),
 		Ops:   pgx.Identifier{schema, derivedName(name, "_ops")}.Sanitize(),

@@ -2,6 +2,7 @@ package saga
 
 import (
 	"context"
+	"embed"
 	"fmt"
 	"regexp"
 	"strings"
@@ -9,8 +10,16 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/protoevents/protoevents/templates"
+	"github.com/protoevents/protoevents/runtime/internal/sqltmpl"
 )
+
+// schemaFile is the package's SQL: the state and path tables' schema and,
+// as the templates it defines, every statement on them.
+//
+//go:embed saga.sql
+var schemaFile embed.FS
+
+var schemaTemplates = sqltmpl.Must(schemaFile, "saga.sql")
 
 // DefaultTable is the saga state table when WithTable is not given; the
 // path (history) table is the same name plus "_history".
@@ -24,7 +33,7 @@ var identPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 const maxIdentLen = 63
 
 // sqlSet is every statement of the package, rendered once per table name
-// from templates/saga.sql.
+// from saga.sql.
 type sqlSet struct {
 	table                                string
 	migrate, lock, insert, lockRow       string
@@ -85,7 +94,7 @@ func renderSQL(name string) (*sqlSet, error) {
 		{"saga_retry", &s.retry},
 		{"saga_postpone", &s.postpone},
 	} {
-		if *r.dst, err = templates.Render(r.name, data); err != nil {
+		if *r.dst, err = schemaTemplates.Render(r.name, data); err != nil {
 			return nil, fmt.Errorf("saga: %w", err)
 		}
 	}
