@@ -4,12 +4,10 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"regexp"
-	"strings"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/protoevents/protoevents/runtime/internal/sqlident"
 	"github.com/protoevents/protoevents/runtime/internal/sqltmpl"
 )
 
@@ -25,12 +23,9 @@ var schemaTemplates = sqltmpl.Must(schemaFile, "saga.sql")
 // path (history) table is the same name plus "_history".
 const DefaultTable = "sagas"
 
-// identPart is what a table name part may be: a plain identifier. Names are
-// quoted anyway; refusing odd ones keeps them the names operators type.
-var identPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
-// maxIdentLen is Postgres' NAMEDATALEN-1: longer names are truncated.
-const maxIdentLen = 63
+// historyIndexSuffix ends the longest name derived from the state table's:
+// the path table's saga_id index.
+const historyIndexSuffix = "_history_saga_id_idx"
 
 // sqlSet is every statement of the package, rendered once per table name
 // from saga.sql.
@@ -41,26 +36,17 @@ type sqlSet struct {
 	counts, historyList, retry, postpone string
 }
 
-// parseTable validates "table" or "schema.table" and returns the quoted
-// state and history table names and the unqualified last part.
-func parseTable(name string) (table, history pgx.Identifier, err error) {
-	parts := strings.Split(name, ".")
-	if len(parts) > 2 {
-		return nil, nil, fmt.Errorf("saga: table %q: want table or schema.table", name)
+// parseTable validates "table" or "schema.table" (sqlident's rule) and
+// returns the state table and its history table, in the same schema.
+func parseTable(name string) (table, history sqlident.Table, err error) {
+	if table, err = sqlident.ParseTable(name); err != nil {
+		return table, history, fmt.Errorf("saga: %w", err)
 	}
-	for _, p := range parts {
-		if !identPart.MatchString(p) || len(p) > maxIdentLen {
-			return nil, nil, fmt.Errorf("saga: table %q: %q is not a plain identifier (letters, digits, _; at most %d bytes)", name, p, maxIdentLen)
-		}
+	if len(table.Name+historyIndexSuffix) > sqlident.MaxLen {
+		return table, history, fmt.Errorf("saga: table %q: name too long for its history table and indexes (at most %d bytes with suffixes)", name, sqlident.MaxLen)
 	}
-	last := parts[len(parts)-1]
-	if len(last+"_history_saga_id_idx") > maxIdentLen {
-		return nil, nil, fmt.Errorf("saga: table %q: name too long for its history table and indexes (at most %d bytes with suffixes)", name, maxIdentLen)
-	}
-	table = pgx.Identifier(parts)
-	history = append(pgx.Identifier{}, parts...)
-	history[len(history)-1] = last + "_history"
-	return table, history, nil
+	history, err = table.Sibling("_history")
+	return table, history, err
 }
 
 // renderSQL renders every statement for one table name.
@@ -69,11 +55,10 @@ func renderSQL(name string) (*sqlSet, error) {
 	if err != nil {
 		return nil, err
 	}
-	last := table[len(table)-1]
 	data := struct{ Table, History, DueIndex, HistoryIndex string }{
 		Table: table.Sanitize(), History: history.Sanitize(),
-		DueIndex:     pgx.Identifier{last + "_due_idx"}.Sanitize(),
-		HistoryIndex: pgx.Identifier{last + "_history_saga_id_idx"}.Sanitize(),
+		DueIndex:     sqlident.Table{Name: table.Name + "_due_idx"}.Sanitize(),
+		HistoryIndex: sqlident.Table{Name: table.Name + historyIndexSuffix}.Sanitize(),
 	}
 	s := &sqlSet{table: name}
 	for _, r := range []struct {
