@@ -11,7 +11,7 @@ export PATH := $(BIN):$(PATH)
 
 # Packages whose tests also run under the race detector: the runtime and
 # everything that runs it end to end.
-RACE_PKGS   := ./runtime/... ./eventstest/... ./internal/testenv/... ./examples/... ./cmd/eventsctl/...
+RACE_PKGS   := ./runtime/... ./eventstest/... ./examples/... ./cmd/eventsctl/...
 
 .PHONY: all build generate check-generated test test-race lint demo bench tools clean
 

@@ -14,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/envelope"
@@ -28,8 +29,8 @@ import (
 func TestConsumerStatusAndReset(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := testenv.DB(t)
-	k := testenv.FakeKafka(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	pool, _ := servers.DB(t)
+	k := servers.FakeKafka(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	const topic = "billing.invoice-due.v1"
 	d := testenv.Descriptor(topic)
 	if err := k.CreateTopics(ctx, 2, topic, d.DLQTopic); err != nil {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/envelope"
@@ -19,7 +20,7 @@ import (
 // a hex dump, not as raw bytes.
 func TestDLQShowFindsPartitionAndDecodesProto(t *testing.T) {
 	ctx := context.Background()
-	k := testenv.FakeKafka(t)
+	k := servers.FakeKafka(t)
 	const topic = "shop.orders.order-placed.v1.dlq"
 	if err := k.CreateTopics(ctx, 3, topic); err != nil {
 		t.Fatal(err)

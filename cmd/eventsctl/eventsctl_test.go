@@ -15,14 +15,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/examples/demo"
 	ordersv1 "github.com/protoevents/protoevents/examples/gen/shop/orders/v1"
 	"github.com/protoevents/protoevents/examples/shipping"
-	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/outbox"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { servers.Main(m) }
 
 // cli runs one eventsctl command line in-process.
 func cli(t *testing.T, env map[string]string, args ...string) (code int, stdout, stderr string) {
@@ -106,7 +106,7 @@ func TestHelpAndUsageErrors(t *testing.T) {
 // dbURL is the URL of the test's own schema, for commands that connect by
 // URL.
 func dbURL(t *testing.T, schema string) string {
-	u, err := url.Parse(testenv.ServerURL(t))
+	u, err := url.Parse(servers.ServerURL(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,11 +122,11 @@ func dbURL(t *testing.T, schema string) string {
 // redrive changes nothing.
 func TestDemoPoisonRedrive(t *testing.T) {
 	ctx := context.Background()
-	pool, schema := testenv.DB(t)
+	pool, schema := servers.DB(t)
 	// The example's topics and consumer groups are fixed by its schemas, so
 	// runs would see each other's messages on a shared cluster: always
 	// in-process Kafka here, whatever PROTOEVENTS_KAFKA_BROKERS says.
-	k := testenv.FakeKafka(t)
+	k := servers.FakeKafka(t)
 	env := map[string]string{"PROTOEVENTS_DATABASE_URL": dbURL(t, schema), "PROTOEVENTS_KAFKA_BROKERS": strings.Join(k.Brokers, ",")}
 
 	if code, out, errOut := cli(t, env, "migrate"); code != 0 || !strings.Contains(out, "outbox table outbox: ready") {
@@ -222,8 +222,8 @@ func itoa(n int) string { return strconv.Itoa(n) }
 // the committed outbox rows, serves Prometheus metrics and a health check,
 // and stops cleanly on cancellation (SIGTERM in the real process).
 func TestRelayProcess(t *testing.T) {
-	pool, schema := testenv.DB(t)
-	k := testenv.FakeKafka(t)
+	pool, schema := servers.DB(t)
+	k := servers.FakeKafka(t)
 	env := map[string]string{"PROTOEVENTS_DATABASE_URL": dbURL(t, schema), "PROTOEVENTS_KAFKA_BROKERS": strings.Join(k.Brokers, ",")}
 	if code, out, errOut := cli(t, env, "migrate"); code != 0 {
 		t.Fatalf("migrate: exit %d\n%s%s", code, out, errOut)
@@ -324,7 +324,7 @@ func TestRelayProcess(t *testing.T) {
 // when stopped.
 func TestRelayProcessWaitsForTheDatabase(t *testing.T) {
 	t.Parallel()
-	k := testenv.FakeKafka(t)
+	k := servers.FakeKafka(t)
 	closed := func() string {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/outbox"
 )
@@ -19,7 +20,7 @@ import (
 // log says who did what and why.
 func TestOutboxStuckRowCommands(t *testing.T) {
 	ctx := context.Background()
-	pool, schema := testenv.DB(t)
+	pool, schema := servers.DB(t)
 	env := map[string]string{"PROTOEVENTS_DATABASE_URL": dbURL(t, schema), "USER": "oncall"}
 	if code, out, errOut := cli(t, env, "outbox", "status"); code != exitFailed || !strings.Contains(errOut, "run `eventsctl migrate` first") {
 		t.Fatalf("status before migrate: exit %d\n%s%s", code, out, errOut)
@@ -138,7 +139,7 @@ func TestDatabaseErrorsNameTheFix(t *testing.T) {
 	connectTimeout = time.Second
 	t.Cleanup(func() { connectTimeout = old })
 
-	server := testenv.ServerURL(t)
+	server := servers.ServerURL(t)
 	withUser := strings.Replace(server, "postgres://postgres@", "postgres://no_such_role@", 1)
 	withDB := strings.Replace(server, "/postgres?", "/no_such_db?", 1)
 	cases := []struct {

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/envelope"
 	"github.com/protoevents/protoevents/runtime/events"
@@ -19,7 +20,7 @@ import (
 // (as a consumer would), then lists, shows and retries it with eventsctl.
 func TestSagaCommands(t *testing.T) {
 	ctx := context.Background()
-	pool, schema := testenv.DB(t)
+	pool, schema := servers.DB(t)
 	if err := outbox.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
@@ -72,7 +73,7 @@ func TestSagaCommands(t *testing.T) {
 	reply(replyB, false)
 	reply(undoReplyA, false)
 
-	env := map[string]string{"PROTOEVENTS_DATABASE_URL": testenv.ServerURL(t)}
+	env := map[string]string{"PROTOEVENTS_DATABASE_URL": servers.ServerURL(t)}
 	table := []string{"--table", schema + ".sagas"}
 	code, out, errOut := cli(t, env, append([]string{"saga", "list", "--status", "parked"}, table...)...)
 	if code != 0 || !strings.Contains(out, "s-1") || !strings.Contains(out, "parked") || !strings.Contains(out, "0 pending, 0 compensating, 0 completed, 0 compensated, 1 parked") {

@@ -7,7 +7,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/eventstest/servers"
 )
 
 // TestTopicsFromLock: topics create --lock makes every event topic and its
@@ -16,7 +16,7 @@ import (
 // differences when the plan changes.
 func TestTopicsFromLock(t *testing.T) {
 	ctx := context.Background()
-	k := testenv.FakeKafka(t)
+	k := servers.FakeKafka(t)
 	env := map[string]string{"PROTOEVENTS_KAFKA_BROKERS": strings.Join(k.Brokers, ",")}
 	const lock = "../../events.lock" // orders.v1.OrderCancelled has dlq_topic "orders.dead-letters"
 

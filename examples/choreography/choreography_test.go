@@ -6,17 +6,17 @@ import (
 	"testing"
 	"time"
 
+	"github.com/protoevents/protoevents/eventstest/servers"
 	ordersv1 "github.com/protoevents/protoevents/examples/gen/shop/orders/v1"
 	paymentsv1 "github.com/protoevents/protoevents/examples/gen/shop/payments/v1"
 	"github.com/protoevents/protoevents/examples/ordersaga"
 	"github.com/protoevents/protoevents/examples/stock"
-	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/outbox"
 	"github.com/protoevents/protoevents/runtime/topics"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { servers.Main(m) }
 
 // TestChoreography runs the order flow as services reacting to each
 // other's events, on Postgres and Kafka (kfake over TCP): a good order is
@@ -24,8 +24,8 @@ func TestMain(m *testing.M) { testenv.Main(m) }
 // country each cancel the order and undo what had happened.
 func TestChoreography(t *testing.T) {
 	ctx := context.Background()
-	pool, _ := testenv.DB(t)
-	k := testenv.FakeKafka(t)
+	pool, _ := servers.DB(t)
+	k := servers.FakeKafka(t)
 	for _, err := range []error{outbox.Migrate(ctx, pool), consumer.Migrate(ctx, pool), Migrate(ctx, pool),
 		stock.Fill(ctx, pool, "sku-1", 100), stock.Fill(ctx, pool, "sku-none", 0)} {
 		if err != nil {

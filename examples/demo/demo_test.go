@@ -5,22 +5,22 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/examples/shipping"
-	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/outbox"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { servers.Main(m) }
 
 // TestDemoFlow runs what `make demo` runs, on a schema of its own, and
 // holds it to the demo's own invariants plus the report's numbers.
 func TestDemoFlow(t *testing.T) {
 	ctx := context.Background()
-	pool, _ := testenv.DB(t)
+	pool, _ := servers.DB(t)
 	// The example's topics and consumer groups are fixed by its schemas, so
 	// runs would see each other's messages on a shared cluster: always
 	// in-process Kafka here, whatever PROTOEVENTS_KAFKA_BROKERS says.
-	k := testenv.FakeKafka(t)
+	k := servers.FakeKafka(t)
 	if err := Setup(ctx, pool, k.Brokers); err != nil {
 		t.Fatal(err)
 	}

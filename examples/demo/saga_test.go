@@ -6,15 +6,15 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/eventstest/servers"
 )
 
 // TestSagaDemo runs the order-saga part of `make demo` on a schema of its
 // own and holds it to its invariants.
 func TestSagaDemo(t *testing.T) {
 	ctx := context.Background()
-	pool, _ := testenv.DB(t)
-	k := testenv.FakeKafka(t)
+	pool, _ := servers.DB(t)
+	k := servers.FakeKafka(t)
 	if err := SetupSaga(ctx, pool, k.Brokers); err != nil {
 		t.Fatal(err)
 	}

@@ -1,11 +1,10 @@
-// Package testenv gives the project's integration tests their real
-// dependencies. It forwards to eventstest/servers, the base of the public
-// test kit, which now holds the code: a Postgres schema of the test's own on a shared server
-// ($PROTOEVENTS_TEST_DATABASE_URL or a throwaway cluster) and a Kafka cluster
-// reached over TCP ($PROTOEVENTS_KAFKA_BROKERS or in-process). A package
-// using DB must call Main from its TestMain:
-//
-//	func TestMain(m *testing.M) { testenv.Main(m) }
+// Package testenv holds the helpers of the project's own tests that are not
+// part of the public test kit: a hand-written Event (the runtime's tests
+// cannot use generated code), Sent (what a pool sent to the database) and
+// OwnCluster (a Postgres server of the test's own, to stop and start). The
+// shared servers (a Postgres schema per test, Kafka) are
+// eventstest/servers; a package using its DB calls servers.Main from
+// TestMain.
 package testenv
 
 import (
@@ -13,39 +12,9 @@ import (
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/protoevents/protoevents/eventstest/kafkacluster"
 	"github.com/protoevents/protoevents/eventstest/pgcluster"
-	"github.com/protoevents/protoevents/eventstest/servers"
 )
-
-// EnvDatabaseURL is servers.EnvDatabaseURL.
-const EnvDatabaseURL = servers.EnvDatabaseURL
-
-// Main is servers.Main.
-func Main(m *testing.M) { servers.Main(m) }
-
-// ServerURL is servers.ServerURL.
-func ServerURL(t testing.TB) string { t.Helper(); return servers.ServerURL(t) }
-
-// DB is servers.DB.
-func DB(t testing.TB) (*pgxpool.Pool, string) { t.Helper(); return servers.DB(t) }
-
-// Kafka is servers.Kafka.
-func Kafka(t testing.TB, opts ...kfake.Opt) *kafkacluster.Cluster {
-	t.Helper()
-	return servers.Kafka(t, opts...)
-}
-
-// FakeKafka is servers.FakeKafka.
-func FakeKafka(t testing.TB, opts ...kfake.Opt) *kafkacluster.Cluster {
-	t.Helper()
-	return servers.FakeKafka(t, opts...)
-}
-
-// Topic is servers.Topic.
-func Topic(t testing.TB, base string) string { t.Helper(); return servers.Topic(t, base) }
 
 // OwnCluster starts a throwaway Postgres cluster for this test alone, for
 // tests that stop and start the server (Down/Up), and returns it with a

@@ -20,8 +20,8 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/protoevents/protoevents/internal/kafkacluster"
-	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/eventstest/kafkacluster"
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/runtime/events"
 )
 
@@ -116,7 +116,7 @@ func TestCrashKill(t *testing.T) {
 	t.Parallel()
 	// In-process Kafka even when a real cluster is configured: the children
 	// rely on its short group session timeouts to take over quickly.
-	b := setupOn(t, 3, testenv.FakeKafka(t, kfake.GroupMinSessionTimeout(100*time.Millisecond)))
+	b := setupOn(t, 3, servers.FakeKafka(t, kfake.GroupMinSessionTimeout(100*time.Millisecond)))
 	const n = 5000
 	msgs := make([]kafka.Message, n)
 	for i := range msgs {
@@ -135,7 +135,7 @@ func TestCrashKill(t *testing.T) {
 		cmd.Env = append(os.Environ(),
 			envChild+"=1",
 			envChildCommit+"="+commitEvery.String(),
-			envChildDB+"="+withAppName(t, testenv.ServerURL(t), childApp(b.schema)),
+			envChildDB+"="+withAppName(t, servers.ServerURL(t), childApp(b.schema)),
 			envChildSchema+"="+b.schema,
 			envChildBrokers+"="+strings.Join(b.kafka.Brokers, ","),
 			envChildTopic+"="+b.topic,

@@ -16,13 +16,14 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
-	"github.com/protoevents/protoevents/internal/kafkacluster"
+	"github.com/protoevents/protoevents/eventstest/kafkacluster"
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/envelope"
 	"github.com/protoevents/protoevents/runtime/events"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { servers.Main(m) }
 
 // testEvent is the runtime tests' hand-written event; seq numbers a key's
 // events.
@@ -43,14 +44,14 @@ type bundle struct {
 
 func setup(t testing.TB, partitions int) *bundle {
 	t.Helper()
-	return setupOn(t, partitions, testenv.Kafka(t, kfake.GroupMinSessionTimeout(100*time.Millisecond)))
+	return setupOn(t, partitions, servers.Kafka(t, kfake.GroupMinSessionTimeout(100*time.Millisecond)))
 }
 
 // setupOn is setup on a given cluster.
 func setupOn(t testing.TB, partitions int, kc *kafkacluster.Cluster) *bundle {
 	t.Helper()
-	pool, schema := testenv.DB(t)
-	b := &bundle{pool: pool, schema: schema, kafka: kc, topic: testenv.Topic(t, "consumer")}
+	pool, schema := servers.DB(t)
+	b := &bundle{pool: pool, schema: schema, kafka: kc, topic: servers.Topic(t, "consumer")}
 	b.d = descriptorFor(b.topic)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -11,6 +11,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
 
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/events"
 )
@@ -25,8 +26,8 @@ func TestPostgresOutageBurnsNoAttempts(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	pg, pool := testenv.OwnCluster(t, ctx)
-	kc := testenv.Kafka(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
-	b := &bundle{pool: pool, kafka: kc, topic: testenv.Topic(t, "outage")}
+	kc := servers.Kafka(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	b := &bundle{pool: pool, kafka: kc, topic: servers.Topic(t, "outage")}
 	b.d = descriptorFor(b.topic)
 	if err := kc.CreateTopics(ctx, 2, b.topic, b.d.DLQTopic); err != nil {
 		t.Fatal(err)

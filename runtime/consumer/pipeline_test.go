@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
@@ -34,7 +35,7 @@ func TestHandlerEventsGoWithTheCommit(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			followUp := testenv.Descriptor(testenv.Topic(t, "follow-up"))
+			followUp := testenv.Descriptor(servers.Topic(t, "follow-up"))
 			h := Bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
 				if _, err := tx.Exec(ctx, `INSERT INTO effects (consumer, event_id, k, n, part, off) VALUES ($1, $2, $3, $4, $5, $6)`,
 					"pipe", meta.EventID.String(), string(ev.EventKey()), ev.Seq(), meta.Partition, meta.Offset); err != nil {
@@ -91,7 +92,7 @@ func TestBatchHandlerNestedWriteThenFailure(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	followUp := testenv.Descriptor(testenv.Topic(t, "nested"))
+	followUp := testenv.Descriptor(servers.Topic(t, "nested"))
 	var calls counter
 	h := Bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
 		calls.inc()

@@ -9,14 +9,14 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/eventstest/servers"
 )
 
 // TestMigrateConcurrentAndIdempotent runs Migrate from several goroutines
 // at once, then again: no error, one table with its index.
 func TestMigrateConcurrentAndIdempotent(t *testing.T) {
 	t.Parallel()
-	pool, schema := testenv.DB(t)
+	pool, schema := servers.DB(t)
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	errs := make(chan error, 8)
@@ -107,7 +107,7 @@ func TestNewRejectsBadConfig(t *testing.T) {
 // ones, and refuses a retention below the floor.
 func TestPrune(t *testing.T) {
 	t.Parallel()
-	pool, _ := testenv.DB(t)
+	pool, _ := servers.DB(t)
 	ctx := context.Background()
 	if err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)

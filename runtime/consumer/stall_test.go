@@ -17,7 +17,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/eventstest/servers"
 )
 
 // Environment of TestRebalanceStall and its consumer processes.
@@ -110,7 +110,7 @@ func TestRebalanceStall(t *testing.T) {
 	// The real cluster named in PROTOEVENTS_KAFKA_BROKERS, else in-process
 	// Kafka with a real broker's group limits (session timeout 6s to 5min),
 	// so the timeouts measured are ones a real cluster takes.
-	b := setupOn(t, 6, testenv.Kafka(t))
+	b := setupOn(t, 6, servers.Kafka(t))
 	group := "stall-" + b.topic
 	if _, err := b.pool.Exec(context.Background(), `ALTER TABLE effects ADD COLUMN at timestamptz NOT NULL DEFAULT clock_timestamp()`); err != nil {
 		t.Fatal(err)
@@ -148,7 +148,7 @@ func TestRebalanceStall(t *testing.T) {
 		cmd := exec.Command(os.Args[0], "-test.run=^TestStallHelperProcess$", "-test.count=1")
 		cmd.Env = append(os.Environ(),
 			envStallChild+"="+mode,
-			envChildDB+"="+testenv.ServerURL(t),
+			envChildDB+"="+servers.ServerURL(t),
 			envChildSchema+"="+b.schema,
 			envChildBrokers+"="+strings.Join(b.kafka.Brokers, ","),
 			envChildTopic+"="+b.topic,

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/events"
 )
@@ -422,7 +423,7 @@ func TestCommitTxOptions(t *testing.T) {
 func ruleFixture(t *testing.T) (*pgxpool.Pool, *Writer) {
 	t.Helper()
 	ctx := context.Background()
-	pool, _ := testenv.DB(t)
+	pool, _ := servers.DB(t)
 	if err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/internal/testenv"
 )
 
@@ -175,8 +176,8 @@ func TestRelayStartedBeforePostgres(t *testing.T) {
 	if err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	k := testenv.FakeKafka(t)
-	topic := testenv.Topic(t, "outbox")
+	k := servers.FakeKafka(t)
+	topic := servers.Topic(t, "outbox")
 	if err := k.CreateTopics(ctx, 3, topic); err != nil {
 		t.Fatal(err)
 	}

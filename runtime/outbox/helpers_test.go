@@ -17,13 +17,14 @@ import (
 	"github.com/segmentio/kafka-go"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/protoevents/protoevents/internal/kafkacluster"
+	"github.com/protoevents/protoevents/eventstest/kafkacluster"
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/envelope"
 	"github.com/protoevents/protoevents/runtime/events"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { servers.Main(m) }
 
 // testEvent is the runtime tests' hand-written event; seq numbers a key's
 // events.
@@ -62,17 +63,17 @@ type bundle struct {
 func setup(t testing.TB, fake bool, partitions int) *bundle {
 	t.Helper()
 	ctx := context.Background()
-	pool, _ := testenv.DB(t)
+	pool, _ := servers.DB(t)
 	if err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
 	var c *kafkacluster.Cluster
 	if fake {
-		c = testenv.FakeKafka(t)
+		c = servers.FakeKafka(t)
 	} else {
-		c = testenv.Kafka(t)
+		c = servers.Kafka(t)
 	}
-	topic := testenv.Topic(t, "outbox")
+	topic := servers.Topic(t, "outbox")
 	if err := c.CreateTopics(ctx, partitions, topic); err != nil {
 		t.Fatal(err)
 	}

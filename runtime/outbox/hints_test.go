@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/runtime/events"
 )
 
@@ -15,7 +15,7 @@ import (
 func TestWriteBeforeMigrateSaysMigrate(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := testenv.DB(t)
+	pool, _ := servers.DB(t)
 	w, err := NewWriter()
 	if err != nil {
 		t.Fatal(err)

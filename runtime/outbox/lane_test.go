@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/runtime/events"
 )
 
@@ -107,7 +107,7 @@ func writeEveryWay(t *testing.T, pool *pgxpool.Pool, keys int) {
 func laneFixture(t *testing.T, earlier bool, opts ...Option) (*pgxpool.Pool, *Writer) {
 	t.Helper()
 	ctx := context.Background()
-	pool, _ := testenv.DB(t)
+	pool, _ := servers.DB(t)
 	if earlier {
 		if _, err := pool.Exec(ctx, previousOutbox); err != nil {
 			t.Fatal(err)
@@ -212,7 +212,7 @@ func TestWriterRelearnsTheTable(t *testing.T) {
 func TestWriterFollowsSearchPath(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := testenv.DB(t)
+	pool, schema := servers.DB(t)
 	other := schema + "_other"
 	if _, err := pool.Exec(ctx, `CREATE SCHEMA `+pgx.Identifier{other}.Sanitize()); err != nil {
 		t.Fatal(err)

@@ -10,7 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
-	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/runtime/envelope"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/internal/sqlident"
@@ -57,7 +57,7 @@ func TestDerivedNamesFit(t *testing.T) {
 func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, schema := testenv.DB(t)
+	pool, schema := servers.DB(t)
 	var wg sync.WaitGroup
 	errs := make(chan error, 4)
 	for range 4 {
@@ -99,8 +99,8 @@ func TestMigrateIsIdempotentAndConcurrent(t *testing.T) {
 func TestMigrateQualifiedTableAndLanes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := testenv.DB(t)
-	schema := strings.ReplaceAll(testenv.Topic(t, "ob"), "-", "_")
+	pool, _ := servers.DB(t)
+	schema := strings.ReplaceAll(servers.Topic(t, "ob"), "-", "_")
 	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+tableIdent(t, schema)); err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func tableIdent(t *testing.T, s string) string {
 func TestMigrateRefusesForeignTable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := testenv.DB(t)
+	pool, _ := servers.DB(t)
 	if _, err := pool.Exec(ctx, `CREATE TABLE outbox (id int)`); err != nil {
 		t.Fatal(err)
 	}
@@ -210,7 +210,7 @@ INSERT INTO outbox (event_id, event_type, topic, key, value) VALUES ('01JOLDROW0
 func TestMigrateUpgradesUniqueEventID(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := testenv.DB(t)
+	pool, _ := servers.DB(t)
 	if _, err := pool.Exec(ctx, previousOutbox); err != nil {
 		t.Fatal(err)
 	}

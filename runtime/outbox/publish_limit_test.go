@@ -11,8 +11,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/protoevents/protoevents/eventstest/servers"
 	ordersv1 "github.com/protoevents/protoevents/examples/gen/shop/orders/v1"
-	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/outbox"
 )
 
@@ -23,7 +23,7 @@ import (
 func TestPublishRefusesOversizedEvent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := testenv.DB(t)
+	pool, _ := servers.DB(t)
 	if err := outbox.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/eventstest/servers"
 )
 
 // TestRelayRetriesDatabaseOutageAtStart: the database refuses connections
@@ -98,7 +98,7 @@ func TestRelayStopsDuringDatabaseOutageAtStart(t *testing.T) {
 // once with ErrNoTable, its message prefixed once.
 func TestRelayFailsOnMissingTable(t *testing.T) {
 	t.Parallel()
-	pool, _ := testenv.DB(t)
+	pool, _ := servers.DB(t)
 	r, err := NewRelay(pool, []string{"127.0.0.1:1"}, WithLogger(quietLogger()))
 	if err != nil {
 		t.Fatal(err)

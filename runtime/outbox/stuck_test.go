@@ -10,7 +10,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/runtime/events"
 )
 
@@ -180,7 +180,7 @@ func TestStuckRowListedParkedRetriedDropped(t *testing.T) {
 func TestMigrateAddsStuckTablesToOldOutbox(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := testenv.DB(t)
+	pool, _ := servers.DB(t)
 	if err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,7 @@ import (
 
 	"github.com/jackc/pgx/v5/stdlib"
 
-	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/runtime/events"
 )
 
@@ -16,7 +16,7 @@ import (
 func TestWriterInDatabaseSQLTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := testenv.DB(t)
+	pool, _ := servers.DB(t)
 	if err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}

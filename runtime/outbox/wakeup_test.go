@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/events"
 )
@@ -285,7 +286,7 @@ func wokenBy(w *waker) (woken, uncommitted bool) {
 func TestWritersWakeTheRelaysWhenTheRowsCome(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := testenv.DB(t)
+	pool, _ := servers.DB(t)
 	const table = "wake_test_outbox"
 	if err := Migrate(ctx, pool, WithTable(table)); err != nil {
 		t.Fatal(err)

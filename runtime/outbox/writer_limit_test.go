@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/runtime/events"
 )
 
@@ -48,7 +48,7 @@ func countRows(t *testing.T, pool *pgxpool.Pool) int {
 func TestWriterSizeLimitIsExact(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := testenv.DB(t)
+	pool, _ := servers.DB(t)
 	if err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}

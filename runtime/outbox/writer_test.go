@@ -10,7 +10,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/runtime/envelope"
 	"github.com/protoevents/protoevents/runtime/events"
 )
@@ -18,7 +18,7 @@ import (
 func TestWriterRowsCommitWithTheTransaction(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := testenv.DB(t)
+	pool, _ := servers.DB(t)
 	if err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
@@ -116,7 +116,7 @@ func TestWriterRowsCommitWithTheTransaction(t *testing.T) {
 func TestWriterRefusesBadInput(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := testenv.DB(t)
+	pool, _ := servers.DB(t)
 	if err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
@@ -164,7 +164,7 @@ func TestWriterRefusesBadInput(t *testing.T) {
 func TestWriterCarriesTraceContext(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	pool, _ := testenv.DB(t)
+	pool, _ := servers.DB(t)
 	if err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}

@@ -8,17 +8,18 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/outbox"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { servers.Main(m) }
 
 // TestOutboxCollectorPerTopic: the collector reports each topic's pending
 // rows, failing keys and parked rows as the database holds them.
 func TestOutboxCollectorPerTopic(t *testing.T) {
 	ctx := context.Background()
-	pool, _ := testenv.DB(t)
+	pool, _ := servers.DB(t)
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(NewOutboxCollector(pool))
 	if err := testutil.GatherAndCompare(reg, strings.NewReader(`

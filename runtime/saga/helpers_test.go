@@ -16,14 +16,15 @@ import (
 	"github.com/twmb/franz-go/pkg/kfake"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/protoevents/protoevents/internal/kafkacluster"
+	"github.com/protoevents/protoevents/eventstest/kafkacluster"
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
 )
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { servers.Main(m) }
 
 // The test saga: A (remote) → L (local) → B (remote) → C (remote). A and B
 // have remote compensations, L a local one; C is the last step and needs
@@ -141,8 +142,8 @@ func quietLogger() *slog.Logger {
 
 func newWorld(t *testing.T) *world {
 	t.Helper()
-	pool, schema := testenv.DB(t)
-	k := testenv.FakeKafka(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	pool, schema := servers.DB(t)
+	k := servers.FakeKafka(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	wd := &world{pool: pool, schema: schema, kafka: k, ds: newDescriptors(schema)}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -377,4 +378,4 @@ type outboxWriter = outbox.Writer
 
 func newOutboxWriter() (*outbox.Writer, error) { return outbox.NewWriter() }
 
-func testenvURL(t testing.TB) string { return testenv.ServerURL(t) }
+func testenvURL(t testing.TB) string { return servers.ServerURL(t) }

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/eventstest/servers"
 )
 
 // TestTableNames: names are validated, quoted, and the path table and
@@ -33,7 +33,7 @@ func TestTableNames(t *testing.T) {
 // functions with the same option.
 func TestMigrateQualifiedTable(t *testing.T) {
 	ctx := context.Background()
-	pool, schema := testenv.DB(t)
+	pool, schema := servers.DB(t)
 	opt := WithTable(schema + ".flows")
 	for range 2 {
 		if err := Migrate(ctx, pool, opt); err != nil {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/topics"
 )
@@ -17,9 +17,9 @@ import (
 func TestEnsureCreatesTopicsAndDLQsOnce(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	k := testenv.Kafka(t)
-	a := testenv.Topic(t, "topics-a")
-	b := testenv.Topic(t, "topics-b")
+	k := servers.Kafka(t)
+	a := servers.Topic(t, "topics-a")
+	b := servers.Topic(t, "topics-b")
 	ds := []*events.Descriptor{
 		{Type: "x.A", Topic: a, DLQTopic: a + ".dlq"},
 		{Type: "x.B", Topic: b, DLQTopic: "shared-dlq-" + b},
@@ -74,8 +74,8 @@ func TestCreateRefusesNoBrokers(t *testing.T) {
 func TestPlanAndCheckFromRegistry(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	k := testenv.FakeKafka(t)
-	a := testenv.Topic(t, "plan-a")
+	k := servers.FakeKafka(t)
+	a := servers.Topic(t, "plan-a")
 	ds := []*events.Descriptor{{Type: "x.A", Topic: a, DLQTopic: a + "-dead"}}
 	cfg := topics.Config{Partitions: 2, Configs: map[string]string{"retention.ms": "3600000"}}
 	specs, err := topics.Plan(cfg, ds...)

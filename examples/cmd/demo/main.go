@@ -24,11 +24,11 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/protoevents/protoevents/eventstest/kafkacluster"
+	"github.com/protoevents/protoevents/eventstest/pgcluster"
 	"github.com/protoevents/protoevents/examples/demo"
 	ordersv1 "github.com/protoevents/protoevents/examples/gen/shop/orders/v1"
 	"github.com/protoevents/protoevents/examples/shipping"
-	"github.com/protoevents/protoevents/internal/kafkacluster"
-	"github.com/protoevents/protoevents/internal/pgcluster"
 	"github.com/protoevents/protoevents/runtime/outbox"
 )
 

@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
@@ -178,13 +178,13 @@ func TestConsumerBindsHandler(t *testing.T) {
 	}
 }
 
-func TestMain(m *testing.M) { testenv.Main(m) }
+func TestMain(m *testing.M) { servers.Main(m) }
 
 // TestZeroIntegerKeyRefused: an integer key of 0 cannot be told from an
 // unset one, so publishing it is refused like an empty key; 1 goes in.
 func TestZeroIntegerKeyRefused(t *testing.T) {
 	ctx := context.Background()
-	pool, _ := testenv.DB(t)
+	pool, _ := servers.DB(t)
 	if err := outbox.Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
