@@ -55,7 +55,7 @@ demo: $(BUF)
 ## bench: Go benchmarks, then protoevents beside Watermill (bench/watermill, its own
 ## module), with the ratios the performance targets are stated in
 bench:
-	$(GO) run ./internal/benchreport -count 5 -watermill-rounds 3
+	$(GO) run ./bench/report -count 5 -watermill-rounds 3
 
 .PHONY: stall
 

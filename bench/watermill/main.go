@@ -3,7 +3,7 @@
 // subscriber) side by side on one Postgres and one in-process Kafka over
 // TCP, in interleaved rounds, and prints each measurement as a Go benchmark
 // line (BenchmarkWatermill/…) plus the ratios, median and range over the
-// rounds. internal/benchreport reads the lines and checks the targets.
+// rounds. bench/report reads the lines and checks the targets.
 //
 //	go run . [-rounds 3] [-events 20000] [-workers 2] [-consume 5000] [-write 3s] [-e2e 3s] [-only drain,write,consume,e2e] [-cpuprofile file]
 //

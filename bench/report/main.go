@@ -1,8 +1,9 @@
-// Command benchreport runs the project's benchmarks and prints each
-// performance target as a ratio against a baseline measured in the same
-// run, so the numbers mean something on a shared, noisy machine.
+// Command report (bench/report, `make bench`) runs the project's
+// benchmarks and prints each performance target as a ratio against a
+// baseline measured in the same run, so the numbers mean something on a
+// shared, noisy machine.
 //
-//	go run ./internal/benchreport [-count 5] [-benchtime 1x] [-watermill-rounds 3] [-raw bench.txt]
+//	go run ./bench/report [-count 5] [-benchtime 1x] [-watermill-rounds 3] [-raw bench.txt]
 //
 // Besides the Go benchmarks it runs the side-by-side comparison with
 // Watermill (the separate module in bench/watermill, `go run . -rounds N`),
