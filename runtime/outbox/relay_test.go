@@ -325,7 +325,7 @@ func TestRelayShutdownMarksAcknowledgedBatch(t *testing.T) {
 		self.Load().cancel() // the shutdown signal lands between publish and mark
 		once.Do(func() { close(hooked) })
 		return nil
-	}}))
+	}}), WithBatchSize(10))
 	self.Store(rr)
 	close(ready)
 	select {
