@@ -103,6 +103,32 @@
 // backoff, and never returns on an outage; repeated identical errors are
 // logged once and then summarised (WithLogInterval), recoveries are logged.
 //
+// # Hooks and fault injection
+//
+// WithHooks installs the relay's observability callbacks (Hooks: batch
+// sizes, published rows, failures, pending rows, owned lanes), which
+// runtime/prommetrics and runtime/otelmetrics adapt. Fault points for tests
+// — a crash between the broker's acknowledgement and the mark, a look at
+// every claimed batch — are not options: a test arms them in the context
+// it gives Run, with runtime/faultinject.Relay.
+//
+// # Options
+//
+// Options follow one style: a constructor takes its required dependencies
+// positionally (NewRelay(pool, brokers, opts...)) and everything else as
+// functional options of one type per constructor family, each With...
+// function documenting its default and range. An option out of range makes
+// the constructor return an error prefixed "outbox: ". There are three
+// option types: Option (Migrate, Status and the stuck-row operations,
+// which all act on the table), WriterOption (NewWriter) and RelayOption
+// (NewRelay); WithTable is all three, since they must agree on the table.
+//
+// The relay's producer is kafka-go's, configured by the relay itself: its
+// settings for the relay's guarantees (acks=all, synchronous writes,
+// per-message topics, murmur2 partitioning, batch limits) are fixed, and
+// WithTLS, WithSASL, WithWriteTimeout and WithMaxAttempts are what a
+// deployment adjusts; only WithSASL takes a kafka-go type.
+//
 // # Known limits
 //
 // Rows for a topic that does not exist (the relay never asks the brokers to

@@ -12,7 +12,7 @@ import (
 	"github.com/protoevents/protoevents/runtime/envelope"
 )
 
-// Option configures Migrate and Status.
+// Option configures Migrate, Status and the stuck-row operations.
 type Option interface{ applySchema(*schemaConfig) }
 
 // WriterOption configures a Writer.
@@ -267,8 +267,9 @@ func WithTLS(cfg *tls.Config) RelayOption {
 // WithSASL authenticates the relay to the brokers with m (default: none),
 // usually together with WithTLS. m is one of kafka-go's mechanisms:
 // plain.Mechanism{Username, Password} from
-// github.com/segmentio/kafka-go/sasl/plain, or scram.Mechanism(scram.SHA512,
-// user, password) from github.com/segmentio/kafka-go/sasl/scram. It is the
+// github.com/segmentio/kafka-go/sasl/plain, or the one
+// scram.Mechanism(scram.SHA512, user, password) returns, from
+// github.com/segmentio/kafka-go/sasl/scram. It is the
 // one kafka-go type in the relay's options, for the uncommon case: a
 // mechanism is more than a name and a password (SCRAM's hash, AWS MSK IAM's
 // signer), and kafka-go's interface is what the transport takes.
