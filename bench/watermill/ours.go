@@ -77,7 +77,7 @@ func (o *ours) prefill(ctx context.Context, d *events.Descriptor, n int) error {
 // stop cancels it and waits.
 func (o *ours) startRelay(brokers []string, workers int, p *progress) (stop func() error, err error) {
 	r, err := outbox.NewRelay(o.s.pool, brokers, outbox.WithLogger(quietLogger()), outbox.WithWorkers(workers),
-		outbox.WithMetrics(outbox.Metrics{
+		outbox.WithHooks(outbox.Hooks{
 			Published: func(n int) { p.delivered.Add(int64(n)) },
 			// Set up once a session holds lanes: the claims start.
 			Lanes: func(owned int) {

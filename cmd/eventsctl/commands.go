@@ -204,7 +204,7 @@ Postgres and Kafka at start and through outages, never exits on one.`)
 	}
 	relay, err := outbox.NewRelay(pool, splitList(*brokers),
 		outbox.WithTable(*table), outbox.WithBatchSize(*batch), outbox.WithWorkers(*workers), outbox.WithPollInterval(*poll),
-		outbox.WithRetention(*retention), outbox.WithMetrics(metrics.Relay()), outbox.WithLogger(log),
+		outbox.WithRetention(*retention), outbox.WithHooks(metrics.Relay()), outbox.WithLogger(log),
 		outbox.WithShutdownGrace(*grace), outbox.WithStallTimeout(*stall))
 	if err != nil {
 		return err

@@ -29,6 +29,7 @@ import (
 	"github.com/protoevents/protoevents/examples/shipping"
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/events"
+	"github.com/protoevents/protoevents/runtime/faultinject"
 	"github.com/protoevents/protoevents/runtime/outbox"
 	"github.com/protoevents/protoevents/runtime/topics"
 )
@@ -201,23 +202,26 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 
 	// The relay: the first instance crashes after its second published
 	// batch, before marking it; a second instance takes over and re-sends.
-	relayMetrics := outbox.Metrics{Published: func(n int) { cnt.published.Add(int64(n)) }}
-	ropts := []outbox.RelayOption{outbox.WithBatchSize(50), outbox.WithLogger(cfg.Log), outbox.WithMetrics(relayMetrics)}
+	relayHooks := outbox.Hooks{Published: func(n int) { cnt.published.Add(int64(n)) }}
+	ropts := []outbox.RelayOption{outbox.WithBatchSize(50), outbox.WithLogger(cfg.Log), outbox.WithHooks(relayHooks)}
 	batches := 0
-	crashing, err := outbox.NewRelay(cfg.DB, cfg.Brokers, append(ropts,
-		outbox.WithHooks(outbox.Hooks{AfterPublish: func(ctx context.Context, rows []outbox.Row) error {
-			if batches++; batches == 2 {
-				return errors.New("demo: relay crash between publish and mark")
-			}
-			return nil
-		}}))...)
+	crash := faultinject.RelayPoints{AfterPublish: func(ctx context.Context, rows []faultinject.Row) error {
+		if batches++; batches == 2 {
+			return errors.New("demo: relay crash between publish and mark")
+		}
+		return nil
+	}}
+	crashing, err := outbox.NewRelay(cfg.DB, cfg.Brokers, ropts...)
 	if err != nil {
 		return nil, err
 	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		superviseOnce(runCtx, cfg.Progress, "relay", &rep.RelayCrashes, crashing, func() (runner, error) {
+		// The crash is armed through the relays' Run context (the second
+		// batch overall crashes: the first instance's; the replacement's
+		// batches come later and go through).
+		superviseOnce(faultinject.Relay(runCtx, crash), cfg.Progress, "relay", &rep.RelayCrashes, crashing, func() (runner, error) {
 			return outbox.NewRelay(cfg.DB, cfg.Brokers, ropts...)
 		}, errc)
 	}()

@@ -19,7 +19,7 @@ func Example() {
 	if err != nil {
 		panic(err)
 	}
-	relayMetrics := m.Relay() // outbox.NewRelay(pool, brokers, outbox.WithMetrics(relayMetrics))
+	relayMetrics := m.Relay() // outbox.NewRelay(pool, brokers, outbox.WithHooks(relayMetrics))
 	relayMetrics.Published(500)
 	relayMetrics.Published(20)
 

@@ -1,11 +1,11 @@
 // Package otelmetrics reports the relay's and the consumers' measurements
 // through the OpenTelemetry metrics API, beside runtime/prommetrics: it
-// adapts outbox.Metrics and consumer.Hooks to instruments of a
+// adapts outbox.Hooks and consumer.Hooks to instruments of a
 // metric.MeterProvider, so they reach whatever exporter the program set up
 // (OTLP, Prometheus through the OTel bridge, stdout).
 //
 //	m, _ := otelmetrics.New(otel.GetMeterProvider())
-//	relay, _ := outbox.NewRelay(pool, brokers, outbox.WithMetrics(m.Relay()))
+//	relay, _ := outbox.NewRelay(pool, brokers, outbox.WithHooks(m.Relay()))
 //	c, _ := ordersv1.NewOrderPlacedConsumer(cfg, h, consumer.WithHooks(m.Consumer(cfg.Name)))
 package otelmetrics
 
@@ -96,10 +96,10 @@ func New(mp metric.MeterProvider) (*Metrics, error) {
 	return &m, nil
 }
 
-// Relay returns the hooks to pass to outbox.WithMetrics.
-func (m *Metrics) Relay() outbox.Metrics {
+// Relay returns the hooks to pass to outbox.WithHooks.
+func (m *Metrics) Relay() outbox.Hooks {
 	ctx := context.Background()
-	return outbox.Metrics{
+	return outbox.Hooks{
 		Batch:         func(rows int) { m.relayBatch.Record(ctx, int64(rows)) },
 		Published:     func(rows int) { m.relayPublished.Add(ctx, int64(rows)) },
 		PublishFailed: func(error) { m.relayErrors.Add(ctx, 1) },

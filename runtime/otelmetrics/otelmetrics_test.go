@@ -62,7 +62,7 @@ func TestRelayAndConsumerReportThroughOTel(t *testing.T) {
 	for _, id := range []string{"o-1", "o-2", "o-3", "poison"} {
 		env.Produce(t, &ordersv1.OrderPlaced{OrderId: id})
 	}
-	relay, err := outbox.NewRelay(env.DB, env.Brokers, outbox.WithMetrics(m.Relay()), outbox.WithPollInterval(50*time.Millisecond))
+	relay, err := outbox.NewRelay(env.DB, env.Brokers, outbox.WithHooks(m.Relay()), outbox.WithPollInterval(50*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,7 +35,7 @@ func BenchmarkRelay(b *testing.B) {
 		done := make(chan struct{})
 		var once sync.Once
 		r, err := NewRelay(bb.pool, bb.brokers, WithBatchSize(500), WithLogger(quietLogger()),
-			WithMetrics(Metrics{Published: func(n int) {
+			WithHooks(Hooks{Published: func(n int) {
 				if published.Add(int64(n)) >= int64(b.N) {
 					once.Do(func() { close(done) })
 				}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
-	"github.com/protoevents/protoevents/internal/probe"
+	"github.com/protoevents/protoevents/runtime/internal/health"
 )
 
 // Health is a relay's liveness and readiness, as Relay.Health reports it.
@@ -102,20 +102,16 @@ func (r *Relay) Health() Health { return r.health.snapshot(r.cfg) }
 
 // LiveHandler serves the relay's liveness: 200 and the health text when
 // live, 503 otherwise. Mount it at /livez.
-func (r *Relay) LiveHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		h := r.Health()
-		probe.Serve(w, h.String(), h.Live)
-	})
-}
+func (r *Relay) LiveHandler() http.Handler { return health.Live(r.healthCheck) }
 
 // ReadyHandler serves the relay's readiness: 200 and the health text when
 // ready, 503 otherwise. Mount it at /readyz.
-func (r *Relay) ReadyHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		h := r.Health()
-		probe.Serve(w, h.String(), h.Ready)
-	})
+func (r *Relay) ReadyHandler() http.Handler { return health.Ready(r.healthCheck) }
+
+// healthCheck is the relay's health in the handlers' shape.
+func (r *Relay) healthCheck() (text string, live, ready bool) {
+	h := r.Health()
+	return h.String(), h.Live, h.Ready
 }
 
 // Names of the dependencies, in logs and health.

@@ -119,7 +119,7 @@ type runningRelay struct {
 	published atomic.Int64
 	failures  atomic.Int64
 	lanes     atomic.Int64
-	pending   atomic.Int64 // last Metrics.Pending report, -1 before the first
+	pending   atomic.Int64 // last Hooks.Pending report, -1 before the first
 	batches   atomic.Int64
 }
 
@@ -140,13 +140,20 @@ func (r *runningRelay) stop(t testing.TB) error {
 // startRelay runs a relay with fast test settings until the test ends.
 func (b *bundle) startRelay(t testing.TB, opts ...RelayOption) *runningRelay {
 	t.Helper()
+	return b.startRelayIn(t, context.Background(), opts...)
+}
+
+// startRelayIn is startRelay with Run's context derived from parent, which
+// may arm fault points (faultinject.Relay).
+func (b *bundle) startRelayIn(t testing.TB, parent context.Context, opts ...RelayOption) *runningRelay {
+	t.Helper()
 	rr := &runningRelay{done: make(chan error, 1)}
 	rr.pending.Store(-1)
 	base := []RelayOption{
 		WithLogger(quietLogger()),
 		WithBackoff(10*time.Millisecond, 200*time.Millisecond),
 		WithRebalanceInterval(100 * time.Millisecond),
-		WithMetrics(Metrics{
+		WithHooks(Hooks{
 			Published:     func(n int) { rr.published.Add(int64(n)) },
 			PublishFailed: func(error) { rr.failures.Add(1) },
 			Lanes:         func(n int) { rr.lanes.Store(int64(n)) },
@@ -158,7 +165,7 @@ func (b *bundle) startRelay(t testing.TB, opts ...RelayOption) *runningRelay {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithCancel(parent)
 	rr.cancel = cancel
 	go func() { rr.done <- r.Run(ctx) }()
 	t.Cleanup(func() {

@@ -20,7 +20,7 @@ func TestIdleWaitsItsPollDelay(t *testing.T) {
 		r:    &Relay{cfg: relayConfig{pollInterval: poll}},
 		s:    &session{}, // no lanes owned
 		wake: wake,
-		poll: poll,
+		pace: pacer{poll: poll, maxPoll: poll},
 		// No periodic task due while the test runs.
 		nextRebalance: farFuture, nextCleanup: farFuture,
 	}
@@ -36,7 +36,7 @@ func TestIdleWaitsItsPollDelay(t *testing.T) {
 		}
 	}
 
-	l.poll = time.Hour
+	l.pace.poll = time.Hour
 	if _, err := l.pump(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func TestIdleWaitsItsPollDelay(t *testing.T) {
 	case <-time.After(time.Minute):
 		t.Fatal("a wake-up did not end the idle wait")
 	}
-	if l.poll != pollMin || l.fast != 0 {
-		t.Fatalf("after a wake-up for committed rows: poll %v, quick polls %d; want %v and none", l.poll, l.fast, pollMin)
+	if l.pace.poll != pollMin || l.pace.fast != 0 {
+		t.Fatalf("after a wake-up for committed rows: poll %v, quick polls %d; want %v and none", l.pace.poll, l.pace.fast, pollMin)
 	}
 }

@@ -253,10 +253,10 @@ func TestWriterFollowsSearchPath(t *testing.T) {
 	}
 }
 
-// TestSwitchingAnEarlierTable: the switch the README gives for a table of
-// an earlier version, once every writer is upgraded — DROP EXPRESSION —
-// keeps every row's lane, and a running Writer fails one write, learns,
-// and fills in the lane from then on.
+// TestSwitchingAnEarlierTable: the switch docs/runbook.md ("Upgrades") gives
+// for a table of an earlier version, once every writer is upgraded — DROP
+// EXPRESSION — keeps every row's lane, and a running Writer fails one
+// write, learns, and fills in the lane from then on.
 func TestSwitchingAnEarlierTable(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

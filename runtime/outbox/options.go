@@ -1,17 +1,18 @@
 package outbox
 
 import (
+	"crypto/tls"
 	"fmt"
 	"log/slog"
 	"time"
 
-	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/protoevents/protoevents/runtime/envelope"
 )
 
-// Option configures Migrate and Status.
+// Option configures Migrate, Status and the stuck-row operations.
 type Option interface{ applySchema(*schemaConfig) }
 
 // WriterOption configures a Writer.
@@ -46,10 +47,12 @@ type relayConfig struct {
 	cleanupBatch      int
 	backoffMin        time.Duration
 	backoffMax        time.Duration
-	metrics           Metrics
 	hooks             Hooks
 	logger            *slog.Logger
-	kafka             []func(*kafka.Writer)
+	tls               *tls.Config
+	sasl              sasl.Mechanism
+	writeTimeout      time.Duration
+	maxAttempts       int
 	shutdownGrace     time.Duration
 	healthInterval    time.Duration
 	stallTimeout      time.Duration
@@ -132,13 +135,12 @@ func WithBatchSize(n int) RelayOption {
 // most 64). Each worker is a relay of its own inside Run: its own database
 // session, its own share of the lanes (advisory locks, balanced with every
 // other worker of every relay on the table), its own pipelined
-// claim–publish–mark loop and its own kafka-go Writer (WithKafkaWriter's
-// function runs once for each). Per-key order holds
-// as it does across relay instances: a lane has one owner at a time. More
-// workers overlap the database work of several batches, which raises the
-// drain rate of one relay when the database, not Kafka, is the bottleneck;
-// each one costs a connection. Hooks (WithHooks) are called from every
-// worker, concurrently.
+// claim–publish–mark loop and its own producer (sharing one transport).
+// Per-key order holds as it does across relay instances: a lane has one
+// owner at a time. More workers overlap the database work of several
+// batches, which raises the drain rate of one relay when the database, not
+// Kafka, is the bottleneck; each one costs a connection. Hooks (WithHooks)
+// are called from every worker, concurrently.
 func WithWorkers(n int) RelayOption {
 	return relayFunc(func(c *relayConfig) {
 		if n < 1 || n > 64 {
@@ -166,7 +168,7 @@ func WithMaxBatchBytes(n int) RelayOption {
 // WithPollInterval sets the longest delay between the relay's looks for new
 // rows while it is idle (default 100ms). Right after work it looks a
 // millisecond after its last look, doubling the delay on every empty look
-// up to d; a Writer in the same process wakes it at once (a PipelineTx
+// up to d; a Writer in the same process wakes it at once (a CommitTx
 // right after its COMMIT, see Writer.Notify). Each look is one index probe
 // per owned lane of the pending rows, so a short interval costs the
 // database little; a longer one trades latency for fewer queries.
@@ -193,7 +195,7 @@ func WithRebalanceInterval(d time.Duration) RelayOption {
 }
 
 // WithStatusInterval sets how often the relay samples the pending rows for
-// Metrics.Pending (default 10s).
+// Hooks.Pending (default 10s).
 func WithStatusInterval(d time.Duration) RelayOption {
 	return relayFunc(func(c *relayConfig) {
 		if d <= 0 {
@@ -240,12 +242,8 @@ func WithBackoff(lo, hi time.Duration) RelayOption {
 	})
 }
 
-// WithMetrics installs the relay's measurement callbacks.
-func WithMetrics(m Metrics) RelayOption {
-	return relayFunc(func(c *relayConfig) { c.metrics = m })
-}
-
-// WithHooks installs fault-injection hooks, for tests.
+// WithHooks installs the relay's observability callbacks (see Hooks), e.g.
+// those of runtime/prommetrics or runtime/otelmetrics.
 func WithHooks(h Hooks) RelayOption {
 	return relayFunc(func(c *relayConfig) { c.hooks = h })
 }
@@ -259,26 +257,51 @@ func WithLogger(l *slog.Logger) RelayOption {
 	})
 }
 
-// WithKafkaWriter lets the caller adjust the kafka-go Writer the relay
-// publishes with: Transport (TLS, SASL), Balancer, WriteTimeout,
-// MaxAttempts, Compression, AllowAutoTopicCreation, loggers. fn runs once
-// per lane worker (WithWorkers), each of which has a Writer of its own:
-// build a Transport once, outside fn, and share it (the relay does not
-// close a Transport it was given). The settings the relay's guarantees
-// rest on are restored after fn runs: RequiredAcks = RequireAll,
-// synchronous writes, per-message topics, and batch limits large enough
-// that one call sends each partition's messages in one request (the relay
-// sets BatchSize to each call's size before the call, so the Writer's
-// Stats must not be read while the relay runs). The relay's BatchTimeout
-// is 1ns: every call hands over a whole batch, so there is nothing to wait
-// for; a longer one delays every batch by at least that, and by about a
-// millisecond when the process is otherwise idle (the Go runtime then
-// sleeps in whole milliseconds).
-func WithKafkaWriter(fn func(*kafka.Writer)) RelayOption {
+// WithTLS makes the relay reach the brokers over TLS configured by cfg
+// (default: plain TCP). One transport carries the TLS (and SASL) settings
+// for every lane worker's producer and the relay's broker checks.
+func WithTLS(cfg *tls.Config) RelayOption {
+	return relayFunc(func(c *relayConfig) { c.tls = cfg })
+}
+
+// WithSASL authenticates the relay to the brokers with m (default: none),
+// usually together with WithTLS. m is one of kafka-go's mechanisms:
+// plain.Mechanism{Username, Password} from
+// github.com/segmentio/kafka-go/sasl/plain, or the one
+// scram.Mechanism(scram.SHA512, user, password) returns, from
+// github.com/segmentio/kafka-go/sasl/scram. It is the
+// one kafka-go type in the relay's options, for the uncommon case: a
+// mechanism is more than a name and a password (SCRAM's hash, AWS MSK IAM's
+// signer), and kafka-go's interface is what the transport takes.
+func WithSASL(m sasl.Mechanism) RelayOption {
+	return relayFunc(func(c *relayConfig) { c.sasl = m })
+}
+
+// WithWriteTimeout bounds the wait for the brokers' acknowledgement of one
+// produce call (default 10s). A batch that times out is judged as failed
+// and retried; raise it for a broker that acknowledges slowly (acks=all
+// over a slow replication link).
+func WithWriteTimeout(d time.Duration) RelayOption {
 	return relayFunc(func(c *relayConfig) {
-		if fn != nil {
-			c.kafka = append(c.kafka, fn)
+		if d <= 0 {
+			c.fail("write timeout %v must be positive", d)
+			return
 		}
+		c.writeTimeout = d
+	})
+}
+
+// WithMaxAttempts sets how many times the producer tries a produce request
+// before the batch's rows count as failed (default 3, at most 100); the
+// relay then parks their keys or backs off and sends them again later, so
+// 1 only makes failures surface sooner.
+func WithMaxAttempts(n int) RelayOption {
+	return relayFunc(func(c *relayConfig) {
+		if n < 1 || n > 100 {
+			c.fail("max attempts %d out of range 1..100", n)
+			return
+		}
+		c.maxAttempts = n
 	})
 }
 

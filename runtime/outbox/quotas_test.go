@@ -20,7 +20,7 @@ func simulateClaims(l *loop, pending, arrive map[int]int, claims int) []map[int]
 			pending[lane] -= n
 			gave[lane] = n
 			for range n {
-				batch = append(batch, claimed{Row: Row{Lane: lane}})
+				batch = append(batch, claimed{rowMeta: rowMeta{Lane: lane}})
 			}
 		}
 		l.noteDemand(batch, lanes, quotas)
@@ -46,14 +46,14 @@ func TestQuotasFollowTheDemand(t *testing.T) {
 
 	// No demand known: every lane gets twice its share, at least
 	// minLaneQuota.
-	l := &loop{s: &session{owned: lanes16}, limit: 64}
+	l := &loop{s: &session{owned: lanes16}, pace: pacer{size: 64}}
 	if _, quotas := l.quotas(); quotas[0] != minLaneQuota {
 		t.Fatalf("no demand known: quota %d, want %d", quotas[0], minLaneQuota)
 	}
 
 	// One hot lane: after a few claims it gets the batch but one row per
 	// other lane, and the quotas add up to the batch.
-	l = &loop{s: &session{owned: lanes16}, limit: 500}
+	l = &loop{s: &session{owned: lanes16}, pace: pacer{size: 500}}
 	pending := map[int]int{0: 1 << 30}
 	gave := simulateClaims(l, pending, nil, 5)
 	if got, want := gave[4][0], 500-15; got != want {
@@ -73,7 +73,7 @@ func TestQuotasFollowTheDemand(t *testing.T) {
 
 	// Trickle: a few rows here and there never fill a quota, so the
 	// quotas stay spread over every lane.
-	l = &loop{s: &session{owned: lanes16}, limit: 64}
+	l = &loop{s: &session{owned: lanes16}, pace: pacer{size: 64}}
 	simulateClaims(l, map[int]int{3: 2, 9: 1}, map[int]int{3: 2, 9: 1}, 5)
 	for lane, d := range l.demand {
 		if d.full {
@@ -88,7 +88,7 @@ func TestQuotasFollowTheDemand(t *testing.T) {
 		for i := range many {
 			many[i] = i
 		}
-		l := &loop{s: &session{owned: many}, limit: 20}
+		l := &loop{s: &session{owned: many}, pace: pacer{size: 20}}
 		seen := map[int]bool{}
 		p := map[int]int{0: 1 << 30}
 		for _, g := range simulateClaims(l, p, nil, 2*n) {

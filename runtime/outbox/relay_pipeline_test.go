@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/protoevents/protoevents/runtime/events"
+	"github.com/protoevents/protoevents/runtime/faultinject"
 )
 
 // TestRelayClaimsNextBatchWhileOneIsInFlight: the broker holds back the
@@ -39,9 +40,9 @@ func TestRelayClaimsNextBatchWhileOneIsInFlight(t *testing.T) {
 		sawAhead.Store(claims.Load() >= 2)
 		return nil, nil, false
 	})
-	b.startRelay(t, WithKafkaWriter(func(w *kafka.Writer) { w.WriteTimeout = 2 * time.Minute }), WithHooks(Hooks{AfterClaim: func(context.Context, []Row) {
+	b.startRelayIn(t, faultinject.Relay(context.Background(), faultinject.RelayPoints{AfterClaim: func(context.Context, []faultinject.Row) {
 		claims.Add(1)
-	}}))
+	}}), WithWriteTimeout(2*time.Minute))
 	b.waitDrained(t, 60*time.Second)
 	if !sawAhead.Load() {
 		t.Fatal("the relay did not claim the next batch while the first one was in flight")
@@ -140,11 +141,11 @@ func TestRelayFillsBatchesFromOneHotLane(t *testing.T) {
 	evs, want := sequence(b.d, 2000, 1)
 	b.write(t, evs)
 	var largest atomic.Int32
-	b.startRelay(t, WithBatchSize(batch), WithHooks(Hooks{AfterClaim: func(_ context.Context, rows []Row) {
+	b.startRelayIn(t, faultinject.Relay(context.Background(), faultinject.RelayPoints{AfterClaim: func(_ context.Context, rows []faultinject.Row) {
 		if n := int32(len(rows)); n > largest.Load() {
 			largest.Store(n)
 		}
-	}}))
+	}}), WithBatchSize(batch))
 	b.waitDrained(t, 60*time.Second)
 	if got, min := largest.Load(), int32(batch-(DefaultLanes-1)); got < min {
 		t.Fatalf("largest batch from one hot lane: %d rows, want at least %d (the batch size but one row for each other lane)", got, min)
@@ -182,7 +183,7 @@ func TestRelaySendsEachPartitionShareInOneRequest(t *testing.T) {
 		}
 		return nil, nil, false
 	})
-	afterPublish := func(_ context.Context, rows []Row) error {
+	afterPublish := func(_ context.Context, rows []faultinject.Row) error {
 		per := map[int]int{}
 		for _, r := range rows {
 			per[(kafka.Murmur2Balancer{}).Balance(kafka.Message{Key: r.Key}, 0, 1, 2)]++
@@ -196,7 +197,7 @@ func TestRelaySendsEachPartitionShareInOneRequest(t *testing.T) {
 	}
 	evs, want := sequence(b.d, 1200, 24)
 	b.write(t, evs[:1000])
-	b.startRelay(t, WithBatchSize(200), WithWorkers(2), WithHooks(Hooks{AfterPublish: afterPublish}))
+	b.startRelayIn(t, faultinject.Relay(context.Background(), faultinject.RelayPoints{AfterPublish: afterPublish}), WithBatchSize(200), WithWorkers(2))
 	b.waitDrained(t, time.Minute)
 	for _, ev := range evs[1000:] {
 		b.write(t, []events.Event{ev})

@@ -13,6 +13,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/protoevents/protoevents/runtime/events"
+	"github.com/protoevents/protoevents/runtime/faultinject"
 )
 
 // TestRelayPublishesCommittedEventsOnly: a rolled-back transaction leaves no
@@ -81,7 +82,7 @@ func TestRelayCrashBetweenPublishAndMark(t *testing.T) {
 	b.write(t, evs)
 
 	var calls, sent atomic.Int32
-	crashing := b.startRelay(t, WithHooks(Hooks{AfterPublish: func(_ context.Context, rows []Row) error {
+	crashing := b.startRelayIn(t, faultinject.Relay(ctx, faultinject.RelayPoints{AfterPublish: func(_ context.Context, rows []faultinject.Row) error {
 		calls.Add(1)
 		sent.Store(int32(len(rows)))
 		return errCrash
@@ -137,7 +138,7 @@ func TestRelayBacksOffWhileBrokerIsDown(t *testing.T) {
 	evs, want := sequence(b.d, 200, 10)
 	b.write(t, evs)
 	rr := b.startRelay(t, WithBatchSize(50), WithStatusInterval(10*time.Millisecond),
-		WithKafkaWriter(func(w *kafka.Writer) { w.MaxAttempts = 1 }))
+		WithMaxAttempts(1))
 
 	deadline := time.Now().Add(2 * time.Minute)
 	for refused.Load() < 3 || rr.failures.Load() < 3 || rr.pending.Load() != 200 {
@@ -269,7 +270,7 @@ func TestRelayCleanup(t *testing.T) {
 func TestAckedRowsStopAtFirstFailurePerKey(t *testing.T) {
 	t.Parallel()
 	row := func(id int64, key string) claimed {
-		return claimed{Row: Row{ID: id, Topic: "t", Key: []byte(key)}}
+		return claimed{rowMeta: rowMeta{ID: id, Topic: "t", Key: []byte(key)}}
 	}
 	batch := []claimed{row(1, "a"), row(2, "b"), row(3, "a"), row(4, "c"), row(5, "b")}
 	boom := errors.New("boom")
@@ -319,12 +320,12 @@ func TestRelayShutdownMarksAcknowledgedBatch(t *testing.T) {
 	var self atomic.Pointer[runningRelay]
 	ready, hooked := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	rr := b.startRelay(t, WithBatchSize(10), WithHooks(Hooks{AfterPublish: func(context.Context, []Row) error {
+	rr := b.startRelayIn(t, faultinject.Relay(ctx, faultinject.RelayPoints{AfterPublish: func(context.Context, []faultinject.Row) error {
 		<-ready
 		self.Load().cancel() // the shutdown signal lands between publish and mark
 		once.Do(func() { close(hooked) })
 		return nil
-	}}))
+	}}), WithBatchSize(10))
 	self.Store(rr)
 	close(ready)
 	select {
@@ -426,7 +427,7 @@ func TestRelayPartitionOutageHoldsOnlyItsKeys(t *testing.T) {
 		t.Fatalf("test keys must span the sick and healthy partitions (%d of %d on the sick one)", onSick, len(evs))
 	}
 	b.write(t, evs)
-	b.startRelay(t, WithBatchSize(40), WithKafkaWriter(func(w *kafka.Writer) { w.MaxAttempts = 1 }))
+	b.startRelay(t, WithBatchSize(40), WithMaxAttempts(1))
 
 	deadline := time.Now().Add(2 * time.Minute)
 	for {

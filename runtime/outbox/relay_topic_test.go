@@ -116,7 +116,7 @@ func TestRelayMissingTopicSteadyTrafficDoesNotStallOthers(t *testing.T) {
 func TestRefusedTopicsNeedsEveryMessageRefused(t *testing.T) {
 	t.Parallel()
 	row := func(id int64, topic, key string) claimed {
-		return claimed{Row: Row{ID: id, Topic: topic, Key: []byte(key)}}
+		return claimed{rowMeta: rowMeta{ID: id, Topic: topic, Key: []byte(key)}}
 	}
 	batch := []claimed{row(1, "gone", "a"), row(2, "ok", "b"), row(3, "denied", "c"), row(4, "gone", "d"), row(5, "sick", "e"), row(6, "sick", "f")}
 	wrapped := fmt.Errorf("metadata: %w", kafka.TopicAuthorizationFailed)

@@ -61,7 +61,7 @@ func registerWake(schema, name string) (*waker, func()) {
 // wakeTable wakes the relays of this process whose table matches t: by
 // name, and by schema too when t names one (an unqualified name may resolve
 // to any schema; a needless wake-up costs one poll). committed says the
-// rows are visible now (a PipelineTx wakes after its COMMIT): one poll
+// rows are visible now (a CommitTx wakes after its COMMIT): one poll
 // finds them. Otherwise they land when the caller commits, and the relays
 // poll quickly for a while.
 func wakeTable(t tableName, committed bool) {
@@ -83,10 +83,11 @@ func wakeTable(t tableName, committed bool) {
 // Notify wakes the relays running in this process on the Writer's table:
 // they poll at once and then every millisecond or so, backing off, instead
 // of waiting out their idle poll interval. Write and WriteBatch on a
-// transaction other than a PipelineTx call it after their insert (before
+// transaction other than a CommitTx call it after their insert (before
 // the caller commits: the quick polls that follow find the rows once the
-// commit lands); a PipelineTx wakes the relays right after its COMMIT,
-// when one poll finds the rows. Call it again right after committing when
+// commit lands), as does a CommitTx that sends its held rows before its
+// COMMIT; a CommitTx whose rows go with the COMMIT wakes the relays right
+// after it, when one poll finds the rows. Call it again right after committing when
 // a transaction stays open long after its writes. It never blocks and
 // costs nothing when no relay runs in the process; relays in other
 // processes find the rows by polling (WithPollInterval).

@@ -1,13 +1,3 @@
-// Package outbox writes events into a Postgres outbox table inside the
-// caller's own transaction and relays them to Kafka.
-//
-// The writer and the relay give at-least-once delivery with per-key order:
-// an event is a row in the same transaction as the business change (no
-// phantom events, no lost ones), and the relay marks a row published only
-// after the broker acknowledged it (acks=all), so a crash re-sends rather
-// than loses. Rows are spread over key-hash lanes; each lane is owned by one
-// relay at a time and sent strictly in id order, so several relay instances
-// can run without re-ordering any key. See Relay for the details.
 package outbox
 
 import (

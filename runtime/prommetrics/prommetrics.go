@@ -1,9 +1,9 @@
 // Package prommetrics exports the relay's and the consumers' measurements
-// as Prometheus metrics: it adapts outbox.Metrics and consumer.Hooks to
+// as Prometheus metrics: it adapts outbox.Hooks and consumer.Hooks to
 // collectors registered on a prometheus.Registerer.
 //
-//	m := prommetrics.New(prometheus.DefaultRegisterer)
-//	relay, _ := outbox.NewRelay(pool, brokers, outbox.WithMetrics(m.Relay()))
+//	m, _ := prommetrics.New(prometheus.DefaultRegisterer)
+//	relay, _ := outbox.NewRelay(pool, brokers, outbox.WithHooks(m.Relay()))
 //	c, _ := ordersv1.NewOrderPlacedConsumer(cfg, h, consumer.WithHooks(m.Consumer(cfg.Name)))
 //	http.Handle("/metrics", promhttp.Handler())
 //
@@ -105,9 +105,9 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	return m, nil
 }
 
-// Relay returns the hooks to pass to outbox.WithMetrics.
-func (m *Metrics) Relay() outbox.Metrics {
-	return outbox.Metrics{
+// Relay returns the hooks to pass to outbox.WithHooks.
+func (m *Metrics) Relay() outbox.Hooks {
+	return outbox.Hooks{
 		Batch:         func(rows int) { m.relayBatches.Observe(float64(rows)) },
 		Published:     func(rows int) { m.relayPublished.Add(float64(rows)) },
 		PublishFailed: func(error) { m.relayErrors.Inc() },
