@@ -45,7 +45,15 @@ func main() {
 	flag.DurationVar(&c.write, "write", 3*time.Second, "time each variant of the outbox write gets per round, in interleaved slices")
 	flag.DurationVar(&c.e2e, "e2e", 3*time.Second, "duration of each end-to-end run")
 	cpuProfile := flag.String("cpuprofile", "", "write the bench process's CPU profile to this file")
+	relayProcess := relayProcessFlags()
 	flag.Parse()
+	if child, err := relayProcess(c.workers); child {
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "watermill bench:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err == nil {
@@ -255,42 +263,66 @@ func e2eRound(ctx context.Context, e *env, c config, res results, oursFirst bool
 			res.add(fmt.Sprintf("e2e-%d/%s", rate, name), "p99-ms", r.p99)
 			res.add(fmt.Sprintf("e2e-%d/%s", rate, name), "events/s", r.rate)
 		}
-		err := inOrder(oursFirst, func() error {
-			return e.withOurs(ctx, "wmb_e2e_ours", func(o *ours) error {
-				topic := "e2e-ours-" + suffix()
-				if err := createTopics(ctx, e.brokers, topic); err != nil {
-					return err
-				}
-				d := descriptorFor(topic)
-				r, err := endToEnd(ctx, e.brokers, topic, rate, e2eProducers, c.e2e, o.s,
-					producer{begin: outbox.BeginFunc, publish: func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
-						return o.publish(ctx, tx, d, ord)
-					}},
-					func(p *progress) (func() error, error) { return o.startRelay(e.brokers, 1, p) })
-				if err != nil {
-					return fmt.Errorf("ours at %d/s: %w", rate, err)
-				}
-				record("ours", r)
-				return nil
-			})
-		}, func() error {
-			return e.withWM(ctx, "wmb_e2e_wm", func(w *wm) error {
-				topic := "e2e-wm-" + suffix()
-				if err := createTopics(ctx, e.brokers, topic); err != nil {
-					return err
-				}
-				r, err := endToEnd(ctx, e.brokers, topic, rate, e2eProducers, c.e2e, w.s,
-					producer{publish: func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
-						return w.publish(ctx, tx, topic, ord)
-					}},
-					func(p *progress) (func() error, error) { return w.startForwarder(e.brokers, p) })
-				if err != nil {
-					return fmt.Errorf("watermill at %d/s: %w", rate, err)
-				}
-				record("watermill", r)
-				return nil
-			})
-		})
+		// ours: outbox.BeginFunc (a CommitTx) and the relay in this
+		// process, woken by the Writer; ours-apart: the shape most users
+		// deploy, a plain pgx.BeginFunc and the relay in a process of its
+		// own (startRelayProcess), which finds the rows by polling.
+		oursRun := func(name string, begin beginFunc, start func(*schema, *progress) (func() error, error)) func() error {
+			return func() error {
+				return e.withOurs(ctx, "wmb_e2e_ours", func(o *ours) error {
+					topic := "e2e-" + name + "-" + suffix()
+					if err := createTopics(ctx, e.brokers, topic); err != nil {
+						return err
+					}
+					d := descriptorFor(topic)
+					r, err := endToEnd(ctx, e.brokers, topic, rate, e2eProducers, c.e2e, o.s,
+						producer{begin: begin, publish: func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
+							return o.publish(ctx, tx, d, ord)
+						}},
+						func(p *progress) (func() error, error) { return start(o.s, p) })
+					if err != nil {
+						return fmt.Errorf("%s at %d/s: %w", name, rate, err)
+					}
+					record(name, r)
+					return nil
+				})
+			}
+		}
+		runs := []func() error{
+			oursRun("ours", outbox.BeginFunc, func(s *schema, p *progress) (func() error, error) {
+				return (&ours{s: s}).startRelay(e.brokers, 1, p)
+			}),
+			oursRun("ours-apart", nil, func(s *schema, p *progress) (func() error, error) {
+				return startRelayProcess(s, e.brokers, 1, p)
+			}),
+			func() error {
+				return e.withWM(ctx, "wmb_e2e_wm", func(w *wm) error {
+					topic := "e2e-wm-" + suffix()
+					if err := createTopics(ctx, e.brokers, topic); err != nil {
+						return err
+					}
+					r, err := endToEnd(ctx, e.brokers, topic, rate, e2eProducers, c.e2e, w.s,
+						producer{publish: func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
+							return w.publish(ctx, tx, topic, ord)
+						}},
+						func(p *progress) (func() error, error) { return w.startForwarder(e.brokers, p) })
+					if err != nil {
+						return fmt.Errorf("watermill at %d/s: %w", rate, err)
+					}
+					record("watermill", r)
+					return nil
+				})
+			},
+		}
+		if !oursFirst {
+			runs[0], runs[1], runs[2] = runs[2], runs[0], runs[1]
+		}
+		var err error
+		for _, run := range runs {
+			if err = run(); err != nil {
+				break
+			}
+		}
 		if err != nil {
 			return err
 		}
@@ -316,7 +348,9 @@ func summary(res results) {
 		pre := fmt.Sprintf("e2e-%d/", rate)
 		pairs = append(pairs,
 			[3]string{fmt.Sprintf("end to end at %d/s, p50 ours / Watermill", rate), pre + "ours p50-ms", pre + "watermill p50-ms"},
-			[3]string{fmt.Sprintf("end to end at %d/s, p99 ours / Watermill", rate), pre + "ours p99-ms", pre + "watermill p99-ms"})
+			[3]string{fmt.Sprintf("end to end at %d/s, p99 ours / Watermill", rate), pre + "ours p99-ms", pre + "watermill p99-ms"},
+			[3]string{fmt.Sprintf("end to end at %d/s, p50 ours-apart / Watermill", rate), pre + "ours-apart p50-ms", pre + "watermill p50-ms"},
+			[3]string{fmt.Sprintf("end to end at %d/s, p99 ours-apart / Watermill", rate), pre + "ours-apart p99-ms", pre + "watermill p99-ms"})
 	}
 	fmt.Println("\nratios over the rounds (median, min–max):")
 	for _, p := range pairs {
