@@ -119,18 +119,18 @@ func main() {
 	if *raw != "" {
 		b, err := os.ReadFile(*raw)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "benchreport:", err)
+			fmt.Fprintln(os.Stderr, "bench/report:", err)
 			os.Exit(2)
 		}
 		out.Write(b)
 	} else {
 		if err := runRounds(&out, *count, *benchtime); err != nil {
-			fmt.Fprintln(os.Stderr, "benchreport:", err)
+			fmt.Fprintln(os.Stderr, "bench/report:", err)
 			os.Exit(2)
 		}
 		if *wmRounds > 0 {
 			if err := runWatermill(&out, *wmRounds); err != nil {
-				fmt.Fprintln(os.Stderr, "benchreport:", err)
+				fmt.Fprintln(os.Stderr, "bench/report:", err)
 				os.Exit(2)
 			}
 		}
@@ -160,7 +160,7 @@ func runRounds(out io.Writer, count int, benchtime string) error {
 		}
 		pkgs[r.Pkg] = append(pkgs[r.Pkg], r.Num, r.Den)
 	}
-	dir, err := os.MkdirTemp("", "benchreport-")
+	dir, err := os.MkdirTemp("", "bench-report-")
 	if err != nil {
 		return err
 	}
@@ -181,7 +181,7 @@ func runRounds(out io.Writer, count int, benchtime string) error {
 			if benchtime != "" {
 				args = append(args, "-test.benchtime", benchtime)
 			}
-			fmt.Fprintf(os.Stderr, "benchreport: round %d/%d: %s %s\n", round, count, pkg, strings.Join(args, " "))
+			fmt.Fprintf(os.Stderr, "bench/report: round %d/%d: %s %s\n", round, count, pkg, strings.Join(args, " "))
 			cmd := exec.Command(bins[pkg], args...)
 			cmd.Dir = pkg // tests run in their package's directory
 			cmd.Stdout = io.MultiWriter(out, os.Stderr)
@@ -197,7 +197,7 @@ func runRounds(out io.Writer, count int, benchtime string) error {
 // runWatermill runs the bench/watermill module's own interleaved rounds;
 // its BenchmarkWatermill lines go to out.
 func runWatermill(out io.Writer, rounds int) error {
-	fmt.Fprintf(os.Stderr, "benchreport: %s: go run -mod=mod . -rounds %d\n", watermillDir, rounds)
+	fmt.Fprintf(os.Stderr, "bench/report: %s: go run -mod=mod . -rounds %d\n", watermillDir, rounds)
 	// -mod=mod: the module follows the library through its replace directive,
 	// so a dependency the library adds must not stop the run.
 	cmd := exec.Command("go", "run", "-mod=mod", ".", "-rounds", strconv.Itoa(rounds))

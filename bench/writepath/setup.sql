@@ -1,5 +1,5 @@
 -- The tables of bench/writepath/run.sh: the business table, the outbox as
--- templates/outbox.sql creates it (16 lanes), and the variants that each
+-- runtime/outbox/outbox.sql creates it (16 lanes), and the variants that each
 -- change one thing about it.
 DROP SCHEMA IF EXISTS pgb CASCADE; CREATE SCHEMA pgb; SET search_path = pgb;
 CREATE TABLE orders (id bigserial PRIMARY KEY, order_id text NOT NULL, customer text NOT NULL, amount_cents bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
