@@ -18,8 +18,10 @@
 //
 //	func TestShippingCreatesShipment(t *testing.T) {
 //		env := eventstest.New(t)
-//		c, err := ordersv1.NewOrderPlacedConsumer(env.ConsumerConfig("shipping"), shipping.Handle)
-//		...
+//		c := env.NewConsumer(t, "shipping")
+//		if err := ordersv1.HandleOrderPlaced(c, shipping.Handle); err != nil {
+//			t.Fatal(err)
+//		}
 //		env.Publish(t, &ordersv1.OrderPlaced{OrderId: "o-1"})
 //		env.ConsumeUntil(t, c, "shipping", 1)
 //		// assert on the shipments table through env.DB
@@ -140,10 +142,17 @@ func (e *Env) context() (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), e.cfg.timeout)
 }
 
-// ConsumerConfig returns the consumer configuration for the Env: name, its
-// brokers and its pool.
-func (e *Env) ConsumerConfig(name string) consumer.Config {
-	return consumer.Config{Name: name, Brokers: e.Brokers, DB: e.DB}
+// NewConsumer returns a consumer named name on the Env's pool and brokers,
+// without handlers: register them with Handle (or the generated
+// Handle<Event> functions), then run it with Start or ConsumeUntil. An
+// invalid option fails the test.
+func (e *Env) NewConsumer(t testing.TB, name string, opts ...consumer.Option) *consumer.Consumer {
+	t.Helper()
+	c, err := consumer.New(e.DB, e.Brokers, name, opts...)
+	if err != nil {
+		t.Fatalf("eventstest: %v", err)
+	}
+	return c
 }
 
 // CreateTopics creates the topics and dead-letter topics of the described
@@ -232,7 +241,7 @@ func (e *Env) Relay(t testing.TB) {
 	stop()
 }
 
-// ConsumeUntil runs c until the consumer named name (c's Config.Name) has
+// ConsumeUntil runs c until the consumer named name (the name c was built with) has
 // applied at least n events in total, counted in the dedup table, then stops
 // it. A consumer that fails, or does not get there within the Env's timeout,
 // fails the test. To keep a consumer running while waiting for something
@@ -244,8 +253,7 @@ func (e *Env) ConsumeUntil(t testing.TB, c Runner, name string, n int) {
 	stop()
 }
 
-// Runner is what Start runs: a *consumer.Service, a *consumer.Consumer or
-// an *outbox.Relay.
+// Runner is what Start runs: a *consumer.Consumer or an *outbox.Relay.
 type Runner interface {
 	Run(ctx context.Context) error
 }

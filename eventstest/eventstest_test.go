@@ -50,12 +50,11 @@ func TestProduceRelayConsume(t *testing.T) {
 				t.Fatal("row not published after Relay")
 			}
 			var seen []events.EventID
-			c, err := ordersv1.NewOrderPlacedConsumer(env.ConsumerConfig("audit"),
-				func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ordersv1.OrderPlaced) error {
-					seen = append(seen, meta.EventID)
-					return nil
-				})
-			if err != nil {
+			c := env.NewConsumer(t, "audit")
+			if err := ordersv1.HandleOrderPlaced(c, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ordersv1.OrderPlaced) error {
+				seen = append(seen, meta.EventID)
+				return nil
+			}); err != nil {
 				t.Fatal(err)
 			}
 			env.ConsumeUntil(t, c, "audit", 1)
@@ -70,11 +69,10 @@ func TestProduceRelayConsume(t *testing.T) {
 // with the consumer's headers decoded.
 func TestDLQWaitsForEntries(t *testing.T) {
 	env := eventstest.New(t, eventstest.WithInProcessKafka())
-	c, err := ordersv1.NewOrderPlacedConsumer(env.ConsumerConfig("strict"),
-		func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ordersv1.OrderPlaced) error {
-			return consumer.Permanent(errors.New("refused"))
-		})
-	if err != nil {
+	c := env.NewConsumer(t, "strict")
+	if err := ordersv1.HandleOrderPlaced(c, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ordersv1.OrderPlaced) error {
+		return consumer.Permanent(errors.New("refused"))
+	}); err != nil {
 		t.Fatal(err)
 	}
 	id := env.Publish(t, &ordersv1.OrderPlaced{OrderId: "o-9"})

@@ -22,12 +22,11 @@ func Example() {
 		if _, err := env.DB.Exec(ctx, `CREATE TABLE billed (order_id text PRIMARY KEY)`); err != nil {
 			t.Fatal(err)
 		}
-		c, err := ordersv1.NewOrderPlacedConsumer(env.ConsumerConfig("billing"),
-			func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ordersv1.OrderPlaced) error {
-				_, err := tx.Exec(ctx, `INSERT INTO billed VALUES ($1)`, ev.GetOrderId())
-				return err
-			})
-		if err != nil {
+		c := env.NewConsumer(t, "billing")
+		if err := ordersv1.HandleOrderPlaced(c, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ordersv1.OrderPlaced) error {
+			_, err := tx.Exec(ctx, `INSERT INTO billed VALUES ($1)`, ev.GetOrderId())
+			return err
+		}); err != nil {
 			t.Fatal(err)
 		}
 		env.Publish(t, &ordersv1.OrderPlaced{OrderId: "o-1"})
@@ -48,12 +47,11 @@ func TestKitExample(t *testing.T) {
 	if _, err := env.DB.Exec(ctx, `CREATE TABLE billed (order_id text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}
-	c, err := ordersv1.NewOrderPlacedConsumer(env.ConsumerConfig("billing"),
-		func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ordersv1.OrderPlaced) error {
-			_, err := tx.Exec(ctx, `INSERT INTO billed VALUES ($1)`, ev.GetOrderId())
-			return err
-		})
-	if err != nil {
+	c := env.NewConsumer(t, "billing")
+	if err := ordersv1.HandleOrderPlaced(c, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ordersv1.OrderPlaced) error {
+		_, err := tx.Exec(ctx, `INSERT INTO billed VALUES ($1)`, ev.GetOrderId())
+		return err
+	}); err != nil {
 		t.Fatal(err)
 	}
 	env.Publish(t, &ordersv1.OrderPlaced{OrderId: "o-1"})

@@ -61,12 +61,11 @@ func TestDatabaseSQLProducerEndToEnd(t *testing.T) {
 	env.CreateTopics(t, ordersv1.OrderPlacedEvent)
 	env.Relay(t)
 	var got []string
-	c, err := ordersv1.NewOrderPlacedConsumer(env.ConsumerConfig("billing"),
-		func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ordersv1.OrderPlaced) error {
-			got = append(got, meta.EventID.String()+" "+ev.GetOrderId())
-			return nil
-		})
-	if err != nil {
+	c := env.NewConsumer(t, "billing")
+	if err := ordersv1.HandleOrderPlaced(c, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ordersv1.OrderPlaced) error {
+		got = append(got, meta.EventID.String()+" "+ev.GetOrderId())
+		return nil
+	}); err != nil {
 		t.Fatal(err)
 	}
 	env.ConsumeUntil(t, c, "billing", 1)

@@ -148,14 +148,16 @@ func (o *ours) consume(ctx context.Context, brokers []string, n int) (float64, e
 		return 0, err
 	}
 	clock := newHandledClock(n)
-	h := consumer.Bind(d, func(ctx context.Context, tx pgx.Tx, _ events.Meta, ev orderEvent) error {
-		_, err := tx.Exec(ctx, `INSERT INTO seen (order_id, amount_cents) VALUES ($1, $2)`, ev.OrderId, ev.TotalCents)
-		return err
-	})
-	c, err := consumer.New(consumer.Config{Name: "bench-" + suffix(), Brokers: brokers, DB: o.s.pool}, h,
+	c, err := consumer.New(o.s.pool, brokers, "bench-"+suffix(),
 		consumer.WithLogger(quietLogger()),
 		consumer.WithHooks(consumer.Hooks{Processed: func(events.Delivery, string, time.Duration) { clock.handled() }}))
 	if err != nil {
+		return 0, err
+	}
+	if err := consumer.Handle(c, d, func(ctx context.Context, tx pgx.Tx, _ events.Meta, ev orderEvent) error {
+		_, err := tx.Exec(ctx, `INSERT INTO seen (order_id, amount_cents) VALUES ($1, $2)`, ev.OrderId, ev.TotalCents)
+		return err
+	}); err != nil {
 		return 0, err
 	}
 	return consumeRate(ctx, "our consumer", clock, c.Run)

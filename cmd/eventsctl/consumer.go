@@ -53,7 +53,7 @@ func (l *listFlag) Set(v string) error {
 func consumerFlags(env *cliEnv, name, usage, desc string) (fs *cmdFlags, brokers, group *string, topics *listFlag) {
 	fs = newFlags(env, "consumer "+name, usage, desc)
 	brokers = brokersFlag(fs, env)
-	group = fs.String("group", "", "consumer group ID: the consumer's Config.GroupID, by default its Config.Name (required)")
+	group = fs.String("group", "", "consumer group ID: the consumer's WithGroupID, by default its name (required)")
 	topics = &listFlag{}
 	fs.Var(topics, "topic", "topic(s), comma-separated or repeated (default: the topics the group has committed offsets for or subscribes to)")
 	return fs, brokers, group, topics
@@ -255,7 +255,7 @@ Moves a consumer group's committed offsets so that its consumers, when
 started again, process the events from there on: a replay. Events the
 consumer already applied are skipped by its dedup table (counted as
 duplicates); to rebuild a read model from scratch, run the consumer under a
-new name instead (see the README, "Replaying a consumer").
+new name instead (see docs/runbook.md, "Consumer lag and replay").
 
 Refused (exit 4) while the group has live members: stop every consumer of
 the group first (a clean shutdown leaves the group at once; a killed one

@@ -60,11 +60,13 @@ func TestConsumerStatusAndReset(t *testing.T) {
 		}
 	}
 	produce(0, 10)
-	c, err := consumer.New(consumer.Config{Name: "billing", Brokers: k.Brokers, DB: pool},
-		consumer.Bind(d, func(context.Context, pgx.Tx, events.Meta, testenv.Event) error { return nil }),
+	c, err := consumer.New(pool, k.Brokers, "billing",
 		consumer.WithGroupTimeouts(100*time.Millisecond, time.Second, 2*time.Second), consumer.WithCommitInterval(0),
 		consumer.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := consumer.Handle(c, d, func(context.Context, pgx.Tx, events.Meta, testenv.Event) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	runCtx, stop := context.WithCancel(ctx)

@@ -11,7 +11,8 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
-// Exit codes, the same for every command (listed in the README):
+// Exit codes, the same for every command (listed in docs/runbook.md,
+// "Exit codes and output"):
 const (
 	exitOK          = 0 // success
 	exitCheckFailed = 1 // a check ran and failed: --max-age exceeded, topics drift, breaking schema changes

@@ -70,7 +70,7 @@ func TestPlugin(t *testing.T) {
 		"package shopv1",
 		`OrderPlacedTopic = "shop.order-placed.v1"`,
 		"func (x *OrderPlaced) EventKey() []byte {\n\treturn []byte(x.GetOrderId())\n}",
-		"func NewOrderPlacedConsumer(",
+		"func HandleOrderPlaced(c *consumer.Consumer, h OrderPlacedHandler, opts ...consumer.HandlerOption) error {",
 	} {
 		if !strings.Contains(content, want) {
 			t.Errorf("generated file lacks %q:\n%s", want, content)

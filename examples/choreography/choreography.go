@@ -17,8 +17,9 @@
 // carry what they need, and must wait when the trigger overtakes the copy
 // (another topic, no order between them); every new failure case adds
 // subscriptions in several services; no one times a step out; and the path
-// of one order is reassembled from correlation IDs. See the README's saga
-// section for when to prefer which.
+// of one order is reassembled from correlation IDs. See docs/sagas.md,
+// "Choreography: the same flow without an orchestrator", for when to
+// prefer which.
 package choreography
 
 import (
@@ -158,33 +159,36 @@ func status[E interface{ GetOrderId() string }](s string) func(ctx context.Conte
 	}
 }
 
-// Consumers returns every subscription of the flow: twelve consumers in
-// four services, one group per service and topic.
+// Consumers returns every subscription of the flow: one consumer per
+// service (its own group and dedup name, "choreo-<service>"), twelve
+// handlers in all.
 func (f *Flow) Consumers(brokers []string, opts ...consumer.Option) ([]*consumer.Consumer, error) {
-	cfg := func(service, topic string) consumer.Config {
-		return consumer.Config{Name: "choreo-" + service, GroupID: "choreo-" + service + "." + topic, Brokers: brokers, DB: f.pool}
+	var errs []error
+	service := func(name string) *consumer.Consumer {
+		c, err := consumer.New(f.pool, brokers, "choreo-"+name, opts...)
+		errs = append(errs, err)
+		return c
 	}
-	var (
-		out  []*consumer.Consumer
-		errs []error
-	)
-	add := func(c *consumer.Consumer, err error) {
-		out, errs = append(out, c), append(errs, err)
-	}
-	add(ordersv1.NewOrderPlacedConsumer(cfg("stock", ordersv1.OrderPlacedTopic), f.stockOnOrderPlaced, opts...))
-	add(paymentsv1.NewCardDeclinedConsumer(cfg("stock", paymentsv1.CardDeclinedTopic), f.stockOnCardDeclined, opts...))
-	add(shippingv1.NewShippingRefusedConsumer(cfg("stock", shippingv1.ShippingRefusedTopic), f.stockOnShippingRefused, opts...))
-	add(ordersv1.NewOrderPlacedConsumer(cfg("payments", ordersv1.OrderPlacedTopic), f.paymentsOnOrderPlaced, opts...))
-	add(stockv1.NewStockReservedConsumer(cfg("payments", stockv1.StockReservedTopic), f.paymentsOnStockReserved, opts...))
-	add(shippingv1.NewShippingRefusedConsumer(cfg("payments", shippingv1.ShippingRefusedTopic), f.paymentsOnShippingRefused, opts...))
-	add(ordersv1.NewOrderPlacedConsumer(cfg("shipping", ordersv1.OrderPlacedTopic), f.shippingOnOrderPlaced, opts...))
-	add(paymentsv1.NewCardChargedConsumer(cfg("shipping", paymentsv1.CardChargedTopic), f.shippingOnCardCharged, opts...))
-	add(shippingv1.NewShippingScheduledConsumer(cfg("orders", shippingv1.ShippingScheduledTopic), status[*shippingv1.ShippingScheduled]("confirmed"), opts...))
-	add(stockv1.NewStockUnavailableConsumer(cfg("orders", stockv1.StockUnavailableTopic), status[*stockv1.StockUnavailable]("cancelled"), opts...))
-	add(paymentsv1.NewCardDeclinedConsumer(cfg("orders", paymentsv1.CardDeclinedTopic), status[*paymentsv1.CardDeclined]("cancelled"), opts...))
-	add(shippingv1.NewShippingRefusedConsumer(cfg("orders", shippingv1.ShippingRefusedTopic), status[*shippingv1.ShippingRefused]("cancelled"), opts...))
+	stock, payments, shipping, orders := service("stock"), service("payments"), service("shipping"), service("orders")
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	return out, nil
+	err := errors.Join(
+		ordersv1.HandleOrderPlaced(stock, f.stockOnOrderPlaced),
+		paymentsv1.HandleCardDeclined(stock, f.stockOnCardDeclined),
+		shippingv1.HandleShippingRefused(stock, f.stockOnShippingRefused),
+		ordersv1.HandleOrderPlaced(payments, f.paymentsOnOrderPlaced),
+		stockv1.HandleStockReserved(payments, f.paymentsOnStockReserved),
+		shippingv1.HandleShippingRefused(payments, f.paymentsOnShippingRefused),
+		ordersv1.HandleOrderPlaced(shipping, f.shippingOnOrderPlaced),
+		paymentsv1.HandleCardCharged(shipping, f.shippingOnCardCharged),
+		shippingv1.HandleShippingScheduled(orders, status[*shippingv1.ShippingScheduled]("confirmed")),
+		stockv1.HandleStockUnavailable(orders, status[*stockv1.StockUnavailable]("cancelled")),
+		paymentsv1.HandleCardDeclined(orders, status[*paymentsv1.CardDeclined]("cancelled")),
+		shippingv1.HandleShippingRefused(orders, status[*shippingv1.ShippingRefused]("cancelled")),
+	)
+	if err != nil {
+		return nil, err
+	}
+	return []*consumer.Consumer{stock, payments, shipping, orders}, nil
 }

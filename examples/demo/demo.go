@@ -230,32 +230,35 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	// its 25th transaction but before committing the Kafka offset; the
 	// restarted one gets those messages again and the dedup table absorbs
 	// them.
-	ccfg := consumer.Config{Name: shipping.ConsumerName, Brokers: cfg.Brokers, DB: cfg.DB}
 	copts := []consumer.Option{consumer.WithHooks(cnt.hooks()), consumer.WithLogger(cfg.Log),
 		consumer.WithBackoff(20*time.Millisecond, 200*time.Millisecond), consumer.WithMaxAttempts(4)}
 	var commits atomic.Int64
-	first, err := shipSvc.NewConsumer(ccfg, append(copts, consumer.WithFaults(consumer.Faults{
-		AfterDBCommit: func(kafka.Message) error {
-			if commits.Add(1) == 25 {
-				return errors.New("demo: consumer crash between DB commit and offset commit")
-			}
-			return nil
-		}}))...)
+	consumerCrash := faultinject.ConsumerPoints{AfterDBCommit: func(kafka.Message) error {
+		if commits.Add(1) == 25 {
+			return errors.New("demo: consumer crash between DB commit and offset commit")
+		}
+		return nil
+	}}
+	first, err := shipSvc.NewConsumer(cfg.DB, cfg.Brokers, copts...)
 	if err != nil {
 		return nil, err
 	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		superviseOnce(runCtx, cfg.Progress, "consumer", &rep.ConsumerCrashes, first, func() (runner, error) {
-			return shipSvc.NewConsumer(ccfg, copts...)
+		// The crash is armed through the consumers' Run context; it fires
+		// once, at the 25th commit.
+		superviseOnce(faultinject.Consumer(runCtx, consumerCrash), cfg.Progress, "consumer", &rep.ConsumerCrashes, first, func() (runner, error) {
+			return shipSvc.NewConsumer(cfg.DB, cfg.Brokers, copts...)
 		}, errc)
 	}()
 
 	// The revenue consumer has migrated to OrderPlaced v2 already.
-	revenue, err := ordersv2.NewOrderPlacedConsumer(consumer.Config{Name: "revenue", Brokers: cfg.Brokers, DB: cfg.DB},
-		recordRevenue, consumer.WithLogger(cfg.Log))
+	revenue, err := consumer.New(cfg.DB, cfg.Brokers, "revenue", consumer.WithLogger(cfg.Log))
 	if err != nil {
+		return nil, err
+	}
+	if err := ordersv2.HandleOrderPlaced(revenue, recordRevenue); err != nil {
 		return nil, err
 	}
 	wg.Add(1)
@@ -501,7 +504,7 @@ func ApplyRedriven(ctx context.Context, cfg Config, fixed *shipping.Service, ord
 		log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	var handled atomic.Int64
-	c, err := fixed.NewConsumer(consumer.Config{Name: shipping.ConsumerName, Brokers: cfg.Brokers, DB: cfg.DB},
+	c, err := fixed.NewConsumer(cfg.DB, cfg.Brokers,
 		consumer.WithLogger(log), consumer.WithHooks(consumer.Hooks{
 			Processed: func(events.Delivery, string, time.Duration) { handled.Add(1) },
 			Duplicate: func(events.Delivery, string) { handled.Add(1) },

@@ -28,6 +28,7 @@ import (
 	"github.com/protoevents/protoevents/examples/stock"
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/events"
+	"github.com/protoevents/protoevents/runtime/faultinject"
 	"github.com/protoevents/protoevents/runtime/outbox"
 	"github.com/protoevents/protoevents/runtime/saga"
 	"github.com/protoevents/protoevents/runtime/topics"
@@ -215,14 +216,11 @@ func RunSaga(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 		return nil, err
 	}
 	goRun("relay", relay)
-	ccfg := func(name string) consumer.Config {
-		return consumer.Config{Name: name, Brokers: cfg.Brokers, DB: cfg.DB}
-	}
-	stockCons, err := stockSvc.Consumers(ccfg(stock.ConsumerName), copts...)
+	stockCons, err := stockSvc.Consumers(cfg.DB, cfg.Brokers, copts...)
 	if err != nil {
 		return nil, err
 	}
-	shipCons, err := shipSvc.NewConsumer(ccfg(scheduling.ConsumerName), copts...)
+	shipCons, err := shipSvc.NewConsumer(cfg.DB, cfg.Brokers, copts...)
 	if err != nil {
 		return nil, err
 	}
@@ -233,43 +231,55 @@ func RunSaga(ctx context.Context, cfg SagaConfig) (*SagaReport, error) {
 	// Payments crashes after its 20th transaction, before the offset
 	// commit, and stays down longer than the charge timeout.
 	var payCommits atomic.Int64
-	payFault := consumer.WithFaults(consumer.Faults{AfterDBCommit: func(kafka.Message) error {
+	payFault := faultinject.ConsumerPoints{AfterDBCommit: func(kafka.Message) error {
 		if payCommits.Add(1) == 20 {
 			return errors.New("demo: payments crash between DB commit and offset commit")
 		}
 		return nil
-	}})
-	runPayments := func(opts ...consumer.Option) sagaRunner {
+	}}
+	// runPayments runs the payments consumers; arm, if set, adds fault
+	// points to their Run context.
+	runPayments := func(arm func(context.Context) context.Context) sagaRunner {
 		return runFunc(func(ctx context.Context) error {
-			cs, err := paySvc.Consumers(ccfg(payments.ConsumerName), append(copts, opts...)...)
+			cs, err := paySvc.Consumers(cfg.DB, cfg.Brokers, copts...)
 			if err != nil {
 				return err
+			}
+			if arm != nil {
+				ctx = arm(ctx)
 			}
 			return runAll(ctx, cs)
 		})
 	}
+	armPayments := func(ctx context.Context) context.Context { return faultinject.Consumer(ctx, payFault) }
 	wg.Go(func() {
 		// Down longer than the charge timeout: some charges time out.
-		restartAfter(runCtx, cfg.Progress, "payments", &rep.PaymentsCrashes, cfg.ChargeTimeout+time.Second, runPayments(payFault), runPayments(), errc)
+		restartAfter(runCtx, cfg.Progress, "payments", &rep.PaymentsCrashes, cfg.ChargeTimeout+time.Second, runPayments(armPayments), runPayments(nil), errc)
 	})
 
 	// The orchestrator crashes after its 15th committed transition, before
 	// the offset commit; its replacement gets those replies again and the
 	// dedup table absorbs them.
 	var orchCommits atomic.Int64
-	orchFault := consumer.WithFaults(consumer.Faults{AfterDBCommit: func(kafka.Message) error {
+	orchFault := faultinject.ConsumerPoints{AfterDBCommit: func(kafka.Message) error {
 		if orchCommits.Add(1) == 15 {
 			return errors.New("demo: orchestrator crash between DB commit and offset commit")
 		}
 		return nil
-	}})
-	orchestrator := func(opts ...consumer.Option) sagaRunner {
+	}}
+	// orchestrator runs the saga's reply consumer and timeout runner; arm,
+	// if set, adds fault points to their Run context.
+	orchestrator := func(arm func(context.Context) context.Context) sagaRunner {
 		return runFunc(func(ctx context.Context) error {
-			return orch.Saga.Run(ctx, consumer.Config{Brokers: cfg.Brokers, DB: cfg.DB}, append(copts, opts...)...)
+			if arm != nil {
+				ctx = arm(ctx)
+			}
+			return orch.Saga.Run(ctx, cfg.DB, cfg.Brokers, copts...)
 		})
 	}
+	armOrchestrator := func(ctx context.Context) context.Context { return faultinject.Consumer(ctx, orchFault) }
 	wg.Go(func() {
-		restartAfter(runCtx, cfg.Progress, "orchestrator", &rep.OrchestratorCrashes, 0, orchestrator(orchFault), orchestrator(), errc)
+		restartAfter(runCtx, cfg.Progress, "orchestrator", &rep.OrchestratorCrashes, 0, orchestrator(armOrchestrator), orchestrator(nil), errc)
 	})
 
 	// Orders: every 7th (from 3) by a customer whose card is declined,

@@ -40,13 +40,13 @@ func TestDiagramGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	if got != string(want) {
-		t.Fatalf("diagram differs from %s (go test -update, then paste it into the README):\n%s", path, got)
+		t.Fatalf("diagram differs from %s (go test -update, then paste it into docs/sagas.md):\n%s", path, got)
 	}
 }
 
 // TestHandlerForFitsGeneratedConsumers: the saga's typed reply handlers
 // are the generated handler types, so any consumer that takes those can
-// feed the saga (e.g. stockv1.NewStockReservedConsumer(cfg, h)).
+// feed the saga (e.g. stockv1.HandleStockReserved(c, h)).
 func TestHandlerForFitsGeneratedConsumers(t *testing.T) {
 	w, err := outbox.NewWriter()
 	if err != nil {
@@ -57,7 +57,11 @@ func TestHandlerForFitsGeneratedConsumers(t *testing.T) {
 		t.Fatal(err)
 	}
 	var h stockv1.StockReservedHandler = saga.HandlerFor[*stockv1.StockReserved](sg)
-	if _, err := stockv1.NewStockReservedConsumer(consumer.Config{Name: sg.ConsumerName(), Brokers: []string{"127.0.0.1:1"}, DB: &pgxpool.Pool{}}, h); err != nil {
+	c, err := consumer.New(&pgxpool.Pool{}, []string{"127.0.0.1:1"}, sg.ConsumerName())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := stockv1.HandleStockReserved(c, h); err != nil {
 		t.Fatal(err)
 	}
 	if got := len(sg.ReplyTypes()); got != 9 {

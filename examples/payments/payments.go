@@ -157,26 +157,23 @@ func (s *Service) HandleRefundCard(ctx context.Context, tx pgx.Tx, meta events.M
 	return err
 }
 
-// Consumers returns the service's two consumers (charge and refund).
-func (s *Service) Consumers(cfg consumer.Config, opts ...consumer.Option) ([]*consumer.Consumer, error) {
-	if cfg.Name == "" {
-		cfg.Name = ConsumerName
-	}
-	group := cfg.GroupID
-	if group == "" {
-		group = cfg.Name
-	}
-	charge := cfg
-	charge.GroupID = group + ".charge"
-	c1, err := paymentsv1.NewChargeCardConsumer(charge, s.HandleChargeCard, opts...)
+// Consumers returns the service's two consumers (charge and refund) on
+// pool and brokers: both named ConsumerName (one dedup scope), each in a
+// group of its own (ConsumerName.charge, ConsumerName.refund).
+func (s *Service) Consumers(pool *pgxpool.Pool, brokers []string, opts ...consumer.Option) ([]*consumer.Consumer, error) {
+	charge, err := consumer.New(pool, brokers, ConsumerName, append(opts[:len(opts):len(opts)], consumer.WithGroupID(ConsumerName+".charge"))...)
 	if err != nil {
 		return nil, err
 	}
-	refund := cfg
-	refund.GroupID = group + ".refund"
-	c2, err := paymentsv1.NewRefundCardConsumer(refund, s.HandleRefundCard, opts...)
+	if err := paymentsv1.HandleChargeCard(charge, s.HandleChargeCard); err != nil {
+		return nil, err
+	}
+	refund, err := consumer.New(pool, brokers, ConsumerName, append(opts[:len(opts):len(opts)], consumer.WithGroupID(ConsumerName+".refund"))...)
 	if err != nil {
 		return nil, err
 	}
-	return []*consumer.Consumer{c1, c2}, nil
+	if err := paymentsv1.HandleRefundCard(refund, s.HandleRefundCard); err != nil {
+		return nil, err
+	}
+	return []*consumer.Consumer{charge, refund}, nil
 }

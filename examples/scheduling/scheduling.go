@@ -67,10 +67,15 @@ func (s *Service) HandleScheduleShipping(ctx context.Context, tx pgx.Tx, meta ev
 	return err
 }
 
-// NewConsumer returns the scheduler's consumer.
-func (s *Service) NewConsumer(cfg consumer.Config, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if cfg.Name == "" {
-		cfg.Name = ConsumerName
+// NewConsumer returns the scheduler's consumer, named ConsumerName, on
+// pool and brokers.
+func (s *Service) NewConsumer(pool *pgxpool.Pool, brokers []string, opts ...consumer.Option) (*consumer.Consumer, error) {
+	c, err := consumer.New(pool, brokers, ConsumerName, opts...)
+	if err != nil {
+		return nil, err
 	}
-	return shippingv1.NewScheduleShippingConsumer(cfg, s.HandleScheduleShipping, opts...)
+	if err := shippingv1.HandleScheduleShipping(c, s.HandleScheduleShipping); err != nil {
+		return nil, err
+	}
+	return c, nil
 }

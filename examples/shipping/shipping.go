@@ -115,22 +115,19 @@ func (s *Service) HandleOrderCancelled(ctx context.Context, tx pgx.Tx, meta even
 	return nil
 }
 
-// NewConsumer returns the service consumer of the shipping service: one
-// consumer group and dedup name (cfg.Name, default ConsumerName) for
+// NewConsumer returns the consumer of the shipping service on pool and
+// brokers: one consumer group and dedup name (ConsumerName) for
 // OrderPlaced (v1) and OrderCancelled, each with its own DLQ.
-func (s *Service) NewConsumer(cfg consumer.Config, opts ...consumer.Option) (*consumer.Service, error) {
-	if cfg.Name == "" {
-		cfg.Name = ConsumerName
-	}
-	svc, err := consumer.NewService(cfg, opts...)
+func (s *Service) NewConsumer(pool *pgxpool.Pool, brokers []string, opts ...consumer.Option) (*consumer.Consumer, error) {
+	c, err := consumer.New(pool, brokers, ConsumerName, opts...)
 	if err != nil {
 		return nil, err
 	}
-	if err := ordersv1.HandleOrderPlaced(svc, s.HandleOrderPlaced); err != nil {
+	if err := ordersv1.HandleOrderPlaced(c, s.HandleOrderPlaced); err != nil {
 		return nil, err
 	}
-	if err := ordersv1.HandleOrderCancelled(svc, s.HandleOrderCancelled); err != nil {
+	if err := ordersv1.HandleOrderCancelled(c, s.HandleOrderCancelled); err != nil {
 		return nil, err
 	}
-	return svc, nil
+	return c, nil
 }

@@ -26,7 +26,7 @@ func TestShippingWithTheTestKit(t *testing.T) {
 		t.Fatal(err)
 	}
 	svc := shipping.New(env.Writer, "ZZ")
-	c, err := svc.NewConsumer(env.ConsumerConfig(shipping.ConsumerName),
+	c, err := svc.NewConsumer(env.DB, env.Brokers,
 		consumer.WithMaxAttempts(2), consumer.WithBackoff(time.Millisecond, 10*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)

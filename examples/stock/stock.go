@@ -151,28 +151,23 @@ func (s *Service) HandleReleaseStock(ctx context.Context, tx pgx.Tx, meta events
 	return err
 }
 
-// Consumers returns the service's two consumers (reserve and release).
-func (s *Service) Consumers(cfg consumer.Config, opts ...consumer.Option) ([]*consumer.Consumer, error) {
-	if cfg.Name == "" {
-		cfg.Name = ConsumerName
-	}
-	reserve, err := stockv1.NewReserveStockConsumer(withGroup(cfg, "reserve"), s.HandleReserveStock, opts...)
+// Consumers returns the service's two consumers (reserve and release) on
+// pool and brokers: both named ConsumerName (one dedup scope), each in a
+// group of its own (ConsumerName.reserve, ConsumerName.release).
+func (s *Service) Consumers(pool *pgxpool.Pool, brokers []string, opts ...consumer.Option) ([]*consumer.Consumer, error) {
+	reserve, err := consumer.New(pool, brokers, ConsumerName, append(opts[:len(opts):len(opts)], consumer.WithGroupID(ConsumerName+".reserve"))...)
 	if err != nil {
 		return nil, err
 	}
-	release, err := stockv1.NewReleaseStockConsumer(withGroup(cfg, "release"), s.HandleReleaseStock, opts...)
+	if err := stockv1.HandleReserveStock(reserve, s.HandleReserveStock); err != nil {
+		return nil, err
+	}
+	release, err := consumer.New(pool, brokers, ConsumerName, append(opts[:len(opts):len(opts)], consumer.WithGroupID(ConsumerName+".release"))...)
 	if err != nil {
+		return nil, err
+	}
+	if err := stockv1.HandleReleaseStock(release, s.HandleReleaseStock); err != nil {
 		return nil, err
 	}
 	return []*consumer.Consumer{reserve, release}, nil
-}
-
-// withGroup gives each consumer of the service its own group: one group
-// per topic until the service consumer lands.
-func withGroup(cfg consumer.Config, suffix string) consumer.Config {
-	if cfg.GroupID == "" {
-		cfg.GroupID = cfg.Name
-	}
-	cfg.GroupID += "." + suffix
-	return cfg
 }

@@ -9,8 +9,8 @@
 // For an event message with Go name M (protogen's GoIdent, so a nested
 // Outer.Inner is Outer_Inner) the file declares MTopic, MDLQTopic,
 // MEventType, MSchemaVersion, the descriptor MEvent, MProducer with
-// NewMProducer, MHandler, NewMConsumer and HandleM (registering an MHandler
-// on a consumer.Service), and the methods EventKey and
+// NewMProducer, MHandler and HandleM (registering an MHandler on a
+// *consumer.Consumer), and the methods EventKey and
 // EventDescriptor on M. A clash with a name protoc-gen-go declares in the
 // same package is a generation error naming both. The file's registry is
 // <Base>Events, from the file's base name (orders.proto: OrdersEvents); if

@@ -44,7 +44,7 @@ type names struct {
 	Topic, DLQTopic, EventType, SchemaVersion string
 	Descriptor                                string
 	Producer, NewProducer                     string
-	Handler, NewConsumer, Handle              string
+	Handler, Handle                           string
 }
 
 // namesFor derives the generated identifiers from the message's Go name.
@@ -59,7 +59,6 @@ func namesFor(m *protogen.Message) names {
 		Producer:      b + "Producer",
 		NewProducer:   "New" + b + "Producer",
 		Handler:       b + "Handler",
-		NewConsumer:   "New" + b + "Consumer",
 		Handle:        "Handle" + b,
 	}
 }
@@ -67,7 +66,7 @@ func namesFor(m *protogen.Message) names {
 // list returns the names in a fixed order.
 func (n names) list() []string {
 	return []string{n.Topic, n.DLQTopic, n.EventType, n.SchemaVersion, n.Descriptor,
-		n.Producer, n.NewProducer, n.Handler, n.NewConsumer, n.Handle}
+		n.Producer, n.NewProducer, n.Handler, n.Handle}
 }
 
 // generatedMethods are the methods generated on every event message; a Go

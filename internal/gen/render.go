@@ -313,32 +313,13 @@ func renderConsumer(f *jen.File, ev *event) {
 	).Error()
 
 	f.Add(doc(
-		fmt.Sprintf("%s returns a consumer of topic %s that hands each", n.NewConsumer, ev.opts.GetTopic()),
-		fmt.Sprintf("%s event to h exactly once per consumer name; start it with Run.", full),
-	))
-	f.Func().Id(n.NewConsumer).Params(
-		jen.Id("cfg").Qual(consumerPkg, "Config"),
-		jen.Id("h").Id(n.Handler),
-		jen.Id("opts").Op("...").Qual(consumerPkg, "Option"),
-	).Params(jen.Op("*").Qual(consumerPkg, "Consumer"), jen.Error()).Block(
-		jen.If(jen.Id("h").Op("==").Nil()).Block(
-			jen.Return(jen.Nil(), jen.Qual("errors", "New").Call(jen.Lit(string(full)+": new consumer: nil handler"))),
-		),
-		jen.Return(jen.Qual(consumerPkg, "New").Call(
-			jen.Id("cfg"),
-			jen.Qual(consumerPkg, "Bind").Types(msgPtr(m)).Call(jen.Id(n.Descriptor), jen.Id("h")),
-			jen.Id("opts").Op("..."),
-		)),
-	)
-
-	f.Add(doc(
-		fmt.Sprintf("%s registers h on the service consumer s as the handler of", n.Handle),
+		fmt.Sprintf("%s registers h on the consumer c as the handler of", n.Handle),
 		fmt.Sprintf("%s events from topic %s: each event is handed to h", full, ev.opts.GetTopic()),
 		"exactly once per consumer name, inside the dedup transaction, and after the",
-		"service's retries it goes to "+ev.dlqTopic+". Call it before s.Run.",
+		"consumer's retries it goes to "+ev.dlqTopic+". Call it before c.Run.",
 	))
 	f.Func().Id(n.Handle).Params(
-		jen.Id("s").Op("*").Qual(consumerPkg, "Service"),
+		jen.Id("c").Op("*").Qual(consumerPkg, "Consumer"),
 		jen.Id("h").Id(n.Handler),
 		jen.Id("opts").Op("...").Qual(consumerPkg, "HandlerOption"),
 	).Error().Block(
@@ -346,7 +327,7 @@ func renderConsumer(f *jen.File, ev *event) {
 			jen.Return(jen.Qual("errors", "New").Call(jen.Lit(string(full)+": handle: nil handler"))),
 		),
 		jen.Return(jen.Qual(consumerPkg, "Handle").Types(msgPtr(m)).Call(
-			jen.Id("s"), jen.Id(n.Descriptor), jen.Id("h"), jen.Id("opts").Op("..."),
+			jen.Id("c"), jen.Id(n.Descriptor), jen.Id("h"), jen.Id("opts").Op("..."),
 		)),
 	)
 }

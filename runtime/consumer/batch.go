@@ -74,7 +74,7 @@ func (p *partition) settleAll(ctx context.Context, msgs []kafka.Message) error {
 	for len(msgs) > 0 {
 		var run []plain
 		for _, m := range msgs {
-			if target, ok := envelope.Header(m, HeaderRedriveFor); ok && target != p.c.cfg.Name {
+			if target, ok := envelope.Header(m, HeaderRedriveFor); ok && target != p.c.name {
 				break
 			}
 			env, err := envelope.Decode(m)
@@ -147,7 +147,7 @@ func (p *partition) applyBatch(ctx context.Context, run []plain) (n int, failed 
 		for i, pm := range run {
 			ids[i] = pgtype.UUID{Bytes: pm.env.EventID, Valid: true}
 		}
-		rows, err := tx.Query(ctx, c.sql.batch, c.cfg.Name, ids)
+		rows, err := tx.Query(ctx, c.sql.batch, c.name, ids)
 		if err != nil {
 			return 0, true, nil, nil
 		}
@@ -208,7 +208,7 @@ func (p *partition) applyBatch(ctx context.Context, run []plain) (n int, failed 
 			}
 		}
 		if len(undo) > 0 {
-			if _, err := tx.Exec(ctx, c.sql.undo, c.cfg.Name, undo); err != nil {
+			if _, err := tx.Exec(ctx, c.sql.undo, c.name, undo); err != nil {
 				return 0, true, nil, nil
 			}
 		}
@@ -228,8 +228,8 @@ func (p *partition) applyBatch(ctx context.Context, run []plain) (n int, failed 
 	}
 	took := time.Since(start)
 	for i, pm := range run[:n] {
-		if c.s.afterDBCommit != nil {
-			if err := c.s.afterDBCommit(pm.m); err != nil {
+		if c.faults.AfterDBCommit != nil {
+			if err := c.faults.AfterDBCommit(pm.m); err != nil {
 				return 0, false, nil, &abortError{err}
 			}
 		}

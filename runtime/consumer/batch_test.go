@@ -32,7 +32,7 @@ func TestBatchIsolatesFailingEvents(t *testing.T) {
 	}
 	b.produce(t, msgs...)
 	var retries, dead counter
-	h := Bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
+	h := bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO batch_effects (n, txid) VALUES ($1, txid_current())`, ev.Seq()); err != nil {
 			return err
 		}
@@ -102,7 +102,7 @@ func TestBatchSavepointVariants(t *testing.T) {
 	}
 	b.produce(t, msgs...)
 	var commitRefused counter
-	h := Bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
+	h := bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
 		first := meta.Attempt == 1
 		switch {
 		case ev.Seq()%10 == 5 && first:

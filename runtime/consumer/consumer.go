@@ -15,9 +15,9 @@
 // ends the batch, the ones before it commit, and it is retried or
 // dead-lettered alone (see batch.go).
 //
-// NewService and Handle build one consumer (one group, one dedup name) for
-// several event types, each on its own topic with its own DLQ; New is the
-// single-handler case. WithMiddleware wraps every handler.
+// New and Handle build one consumer (one group, one dedup name) for one or
+// several event types, each on its own topic with its own DLQ.
+// WithMiddleware wraps every handler.
 //
 // Every assigned partition has its own goroutine and its own fetcher
 // (kafka-go's ConsumerGroup, one Generation.Start per partition), so a
@@ -63,78 +63,33 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/protoevents/protoevents/runtime/events"
+	"github.com/protoevents/protoevents/runtime/internal/faults"
 )
-
-// Config is what every consumer needs: who it is, where the events come
-// from, and the database its handler writes to.
-type Config struct {
-	// Name identifies the consumer: it scopes deduplication (one event is
-	// applied once per consumer name) and is the default group ID.
-	Name string
-	// GroupID is the Kafka consumer group; defaults to Name.
-	GroupID string
-	// Brokers lists the Kafka bootstrap brokers.
-	Brokers []string
-	// DB is the pool the dedup transactions run on.
-	DB *pgxpool.Pool
-}
 
 // Option changes an optional setting of a Consumer. The schema options
 // (WithTable, WithRetentionFloor, WithPruneBatch) are also read by Migrate
 // and Prune.
 type Option func(*Consumer)
 
-// Handler handles decoded events of one type inside the dedup transaction.
-// Generated code builds one with Bind; few programs implement it by hand.
-type Handler interface {
-	// Descriptor describes the event type the handler consumes.
-	Descriptor() *events.Descriptor
-	// Handle applies one event; tx is the dedup transaction. Handle must not
-	// commit or roll back tx. An error (or panic) rolls the transaction back
-	// and the message is retried; wrap the error with Permanent to send the
-	// message to the DLQ at once.
-	//
-	// Events the handler writes with an outbox.Writer on tx commit or roll
-	// back with its other effects. When a message is applied in a
-	// transaction of its own (always with WithMaxBatch(1); otherwise for a
-	// retry or a message settled alone) tx runs on an outbox.PipelineTx,
-	// so they go to the database with the COMMIT; in a batch, where each
-	// handler call runs in its own savepoint, they are inserted at once
-	// (written in a nested transaction of tx, they wait for the next
-	// savepoint statement or the COMMIT).
-	Handle(ctx context.Context, tx pgx.Tx, meta events.Meta, ev events.Event) error
-}
-
-// Bind adapts a typed handler function to a Handler for the event type d.
-func Bind[T events.Event](d *events.Descriptor, fn func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev T) error) Handler {
-	return boundHandler[T]{d: d, fn: fn}
-}
-
-type boundHandler[T events.Event] struct {
-	d  *events.Descriptor
-	fn func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev T) error
-}
-
-func (b boundHandler[T]) Descriptor() *events.Descriptor { return b.d }
-
-func (b boundHandler[T]) Handle(ctx context.Context, tx pgx.Tx, meta events.Meta, ev events.Event) error {
-	t, ok := ev.(T)
-	if !ok {
-		return Permanent(fmt.Errorf("consumer: handler for %s got a %T", b.d.Type, ev))
-	}
-	return b.fn(ctx, tx, meta, t)
-}
-
-// Consumer is the engine behind Service and New: one consumer group, one
-// dedup name, and one handler per consumed topic. New builds one with a
-// single handler; NewService builds one to which Handle adds handlers.
+// Consumer is an idempotent consumer: one Kafka consumer group, one dedup
+// name, and one handler per consumed topic, each with its own DLQ, retries
+// and redrive. Build it with New, add a handler per event type with Handle
+// (or the generated Handle<Event> functions), then call Run once. A
+// consumer of a single event type is a Consumer with one handler.
+//
+// One Consumer per service (per read model) is the intended shape: its
+// handlers share one group, so a deploy rebalances once, and one missing
+// topic is reported at Run instead of stalling a group shared by several
+// consumers.
 type Consumer struct {
-	cfg     Config
+	name    string
+	groupID string
+	brokers []string
+	db      *pgxpool.Pool
 	routes  map[string]*route // by topic
 	topics  []string          // registration order
 	s       settings
@@ -150,6 +105,7 @@ type Consumer struct {
 	sqlOnce sync.Once
 	sqldb   *sql.DB // for database/sql handlers (HandleSQL), opened on first use
 	health  healthState
+	faults  faults.Consumer // the test-only fault points Run's context carries
 }
 
 // route is the handling of one topic: its event type, handler and DLQ.
@@ -161,23 +117,15 @@ type route struct {
 	sql         bool // a database/sql handler: its transaction is a *sql.Tx (HandleSQL)
 }
 
-// New returns a Consumer that feeds the events of h's type to h: a service
-// consumer with a single handler. It checks the configuration but does not
-// connect; Run does.
-func New(cfg Config, h Handler, opts ...Option) (*Consumer, error) {
-	c, err := newConsumer(cfg, opts)
-	if err != nil {
-		return nil, err
-	}
-	if err := c.register(h, nil); err != nil {
-		return nil, err
-	}
-	return c, nil
-}
-
-// newConsumer checks cfg and opts and returns a consumer without handlers.
-func newConsumer(cfg Config, opts []Option) (*Consumer, error) {
-	c := &Consumer{cfg: cfg, s: defaultSettings(), routes: map[string]*route{}, ready: make(chan struct{})}
+// New returns a consumer without handlers: pool is the database the dedup
+// transactions run on, brokers the Kafka bootstrap brokers, and name the
+// dedup scope (each event is applied once per name) and, unless
+// WithGroupID sets another, the Kafka consumer group ID. Keep the name
+// stable across deploys: a new name is a new read model, which applies
+// every retained event again. New checks its arguments and options but
+// does not connect; Run does.
+func New(pool *pgxpool.Pool, brokers []string, name string, opts ...Option) (*Consumer, error) {
+	c := &Consumer{name: name, db: pool, s: defaultSettings(), routes: map[string]*route{}, ready: make(chan struct{})}
 	for _, o := range opts {
 		if o != nil {
 			o(c)
@@ -185,14 +133,20 @@ func newConsumer(cfg Config, opts []Option) (*Consumer, error) {
 	}
 	errs := c.s.errs
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("consumer: "+format, args...)) }
-	if cfg.Name == "" {
-		bad("config: Name is empty")
+	if pool == nil {
+		bad("nil pool")
 	}
-	if len(cfg.Brokers) == 0 {
-		bad("config: Brokers is empty")
+	if len(brokers) == 0 {
+		bad("no Kafka brokers")
 	}
-	if cfg.DB == nil {
-		bad("config: DB is nil")
+	for _, b := range brokers {
+		if b == "" {
+			bad("empty Kafka broker address: give host:port")
+			break
+		}
+	}
+	if name == "" {
+		bad("empty name")
 	}
 	if c.s.pruneEvery > 0 && c.s.pruneOlderThan < c.s.retentionFloor {
 		bad("pruning: retention %v is below the floor %v", c.s.pruneOlderThan, c.s.retentionFloor)
@@ -204,66 +158,16 @@ func newConsumer(cfg Config, opts []Option) (*Consumer, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, err
 	}
-	if c.cfg.GroupID == "" {
-		c.cfg.GroupID = c.cfg.Name
+	c.brokers = append([]string(nil), brokers...)
+	c.groupID = c.s.groupID
+	if c.groupID == "" {
+		c.groupID = name
 	}
 	if c.s.concurrency > 0 {
 		c.sem = make(chan struct{}, c.s.concurrency)
 	}
-	c.log = c.s.logger.With("consumer", c.cfg.Name)
+	c.log = c.s.logger.With("consumer", name)
 	return c, nil
-}
-
-// register adds h as the handler of its descriptor's topic.
-func (c *Consumer) register(h Handler, opts []HandlerOption) error {
-	if c.running.Load() {
-		return errors.New("consumer: handler registered after Run")
-	}
-	if h == nil || h.Descriptor() == nil {
-		return errors.New("consumer: handler or its descriptor is nil")
-	}
-	d := h.Descriptor()
-	switch {
-	case d.Type == "" || d.Topic == "":
-		return errors.New("consumer: descriptor: Type and Topic are required")
-	case d.New == nil:
-		return fmt.Errorf("consumer: descriptor of %s: New is nil", d.Type)
-	case d.Version < 1:
-		return fmt.Errorf("consumer: descriptor of %s: Version %d < 1", d.Type, d.Version)
-	}
-	if old, ok := c.routes[d.Topic]; ok {
-		return fmt.Errorf("consumer: %s: topic %s already has a handler (for %s): one handler per event type and topic", c.cfg.Name, d.Topic, old.d.Type)
-	}
-	r := &route{d: d, dlq: d.DLQTopic, maxAttempts: c.s.maxAttempts}
-	if r.dlq == "" {
-		r.dlq = d.Topic + ".dlq"
-	}
-	for _, o := range opts {
-		if o == nil {
-			continue
-		}
-		if err := o(r); err != nil {
-			return fmt.Errorf("consumer: handler of %s: %w", d.Type, err)
-		}
-	}
-	fn := HandlerFunc(h.Handle)
-	for i := len(c.s.middleware) - 1; i >= 0; i-- {
-		fn = c.s.middleware[i](fn)
-	}
-	r.fn = fn
-	c.routes[d.Topic] = r
-	c.topics = append(c.topics, d.Topic)
-	return nil
-}
-
-// DLQTopic returns the topic the consumer dead-letters messages to: the
-// descriptor's DLQTopic, or "<topic>.dlq". With several handlers it is the
-// first handler's; see Service.DLQTopic.
-func (c *Consumer) DLQTopic() string {
-	if len(c.topics) == 0 {
-		return ""
-	}
-	return c.routes[c.topics[0]].dlq
 }
 
 // Ready returns a channel closed once Run has joined the consumer group
@@ -286,8 +190,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 		return errors.New("consumer: Run called twice")
 	}
 	if len(c.topics) == 0 {
-		return fmt.Errorf("consumer: %s: no handlers: register one with Handle before Run", c.cfg.Name)
+		return fmt.Errorf("consumer: %s: no handlers: register one with Handle before Run", c.name)
 	}
+	c.faults = faults.ConsumerFrom(ctx)
 	c.health.live.Store(true)
 	defer c.health.live.Store(false)
 	if err := c.awaitTopics(ctx); err != nil {
@@ -321,7 +226,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	defer transport.CloseIdleConnections()
 	c.writer = &kafka.Writer{
 		// No Topic: each dead-lettered message names its DLQ topic.
-		Addr: kafka.TCP(c.cfg.Brokers...),
+		Addr: kafka.TCP(c.brokers...),
 		// Keyed like the relay (murmur2, the Java client's default), so a
 		// key's dead letters land in the partition the relay would pick.
 		Balancer:     kafka.Murmur2Balancer{},
@@ -351,8 +256,8 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 
 	cg, err := kafka.NewConsumerGroup(kafka.ConsumerGroupConfig{
-		ID:                c.cfg.GroupID,
-		Brokers:           c.cfg.Brokers,
+		ID:                c.groupID,
+		Brokers:           c.brokers,
 		Topics:            c.topics,
 		Dialer:            c.s.dialer,
 		HeartbeatInterval: c.s.heartbeat,
@@ -367,9 +272,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	})
 	if err != nil {
 		cancel(nil)
-		return fmt.Errorf("consumer: %s: consumer group: %w", c.cfg.Name, err)
+		return fmt.Errorf("consumer: %s: consumer group: %w", c.name, err)
 	}
-	c.log.Info("consumer: started", "group", c.cfg.GroupID, "topics", c.topics)
+	c.log.Info("consumer: started", "group", c.groupID, "topics", c.topics)
 	for {
 		gen, err := cg.Next(ctx)
 		if err != nil {
@@ -377,7 +282,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 				break
 			}
 			// The group retries joining by itself, with backoff.
-			c.log.Warn("consumer: join group", "group", c.cfg.GroupID, "err", err)
+			c.log.Warn("consumer: join group", "group", c.groupID, "err", err)
 			c.health.joinErr.Store(err.Error())
 			continue
 		}
@@ -399,7 +304,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		// so before Ready): partitions added from then on are noticed.
 		if c.s.partitionWatch > 0 {
 			bctx, bcancel := context.WithTimeout(ctx, 30*time.Second)
-			base, err := partitionCounts(bctx, c.s.dialer, c.cfg.Brokers, c.topics)
+			base, err := partitionCounts(bctx, c.s.dialer, c.brokers, c.topics)
 			bcancel()
 			if err != nil {
 				c.log.Warn("consumer: cannot read partition counts; added partitions are noticed at the next rebalance", "err", err)
@@ -456,7 +361,7 @@ func (c *Consumer) pruneLoop(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		n, err := prune(ctx, c.cfg.DB, c.sql, c.s.pruneOlderThan, c.s.pruneBatch)
+		n, err := prune(ctx, c.db, c.sql, c.s.pruneOlderThan, c.s.pruneBatch)
 		switch {
 		case err != nil && ctx.Err() == nil:
 			c.log.Warn("consumer: prune", "err", err)

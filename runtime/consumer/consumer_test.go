@@ -15,6 +15,7 @@ import (
 
 	"github.com/protoevents/protoevents/runtime/envelope"
 	"github.com/protoevents/protoevents/runtime/events"
+	"github.com/protoevents/protoevents/runtime/faultinject"
 )
 
 // TestDuplicateDelivery sends one event twice (the relay re-sending after a
@@ -64,16 +65,16 @@ func TestRedeliveryAfterCrashBetweenCommits(t *testing.T) {
 	var crashed atomic.Bool
 	// One transaction per message: the seam fires between one message's
 	// commit and its offset.
-	c1 := b.newConsumer(t, "crashy", b.handler("crashy", nil), WithCommitInterval(0), WithMaxBatch(1),
-		withAfterDBCommit(func(m kafka.Message) error {
-			if m.Offset == 2 && crashed.CompareAndSwap(false, true) {
-				return crash
-			}
-			return nil
-		}))
+	c1 := b.newConsumer(t, "crashy", b.handler("crashy", nil), WithCommitInterval(0), WithMaxBatch(1))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := c1.Run(ctx); !errors.Is(err, crash) {
+	fctx := faultinject.Consumer(ctx, faultinject.ConsumerPoints{AfterDBCommit: func(m kafka.Message) error {
+		if m.Offset == 2 && crashed.CompareAndSwap(false, true) {
+			return crash
+		}
+		return nil
+	}})
+	if err := c1.Run(fctx); !errors.Is(err, crash) {
 		t.Fatalf("Run = %v, want the simulated crash", err)
 	}
 	if n := query(t, b.pool, `SELECT count(*) FROM effects`); n != 3 {
@@ -369,7 +370,7 @@ func TestCancelIsNotAFailure(t *testing.T) {
 	entered := make(chan struct{})
 	var first atomic.Bool
 	var retries, dead counter
-	blocking := Bind(b.d, func(ctx context.Context, _ pgx.Tx, _ events.Meta, _ testEvent) error {
+	blocking := bind(b.d, func(ctx context.Context, _ pgx.Tx, _ events.Meta, _ testEvent) error {
 		if first.CompareAndSwap(false, true) {
 			close(entered)
 		}

@@ -67,7 +67,7 @@ func (p *partition) deadLetter(ctx context.Context, m kafka.Message, env *envelo
 			kafka.Header{Key: HeaderDLQOriginalTopic, Value: []byte(m.Topic)},
 			kafka.Header{Key: HeaderDLQOriginalPartition, Value: []byte(strconv.Itoa(m.Partition))},
 			kafka.Header{Key: HeaderDLQOriginalOffset, Value: []byte(strconv.FormatInt(m.Offset, 10))},
-			kafka.Header{Key: HeaderDLQConsumer, Value: []byte(c.cfg.Name)},
+			kafka.Header{Key: HeaderDLQConsumer, Value: []byte(c.name)},
 			kafka.Header{Key: HeaderDLQFirstFailure, Value: []byte(first.UTC().Format(time.RFC3339Nano))},
 			kafka.Header{Key: HeaderDLQLastFailure, Value: []byte(last.UTC().Format(time.RFC3339Nano))},
 		),
@@ -104,7 +104,7 @@ func (p *partition) deadLetter(ctx context.Context, m kafka.Message, env *envelo
 	if err := p.flush(); err != nil {
 		return err
 	}
-	dl := DeadLetter{Consumer: c.cfg.Name, Original: d, Err: cause, FirstFailure: first, LastFailure: last, DLQTopic: dlq}
+	dl := DeadLetter{Consumer: c.name, Original: d, Err: cause, FirstFailure: first, LastFailure: last, DLQTopic: dlq}
 	if env != nil {
 		dl.EventID, dl.EventType = env.EventID.String(), env.Type
 	}

@@ -161,12 +161,12 @@ func TestStuckHandlerTimesOutToTheDLQ(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
 	b.produce(t, message(t, b.event(t, "k", 0), nil), message(t, b.event(t, "k", 1), nil))
-	h := Bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
+	h := bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
 		if ev.Seq() == 0 {
 			<-ctx.Done() // stuck, e.g. on a lock, until the deadline
 			return ctx.Err()
 		}
-		return b.handler("stuck", nil).Handle(ctx, tx, meta, ev)
+		return b.handler("stuck", nil).fn(ctx, tx, meta, ev)
 	})
 	start(t, b.newConsumer(t, "stuck", h, WithAttemptTimeout(200*time.Millisecond), WithMaxAttempts(2)))
 	entries := b.dlqEntries(t, 1, 20*time.Second)
@@ -174,7 +174,7 @@ func TestStuckHandlerTimesOutToTheDLQ(t *testing.T) {
 		t.Fatalf("DLQ entry: %d attempts, error %q", e.Attempts, e.Error)
 	}
 	b.effectsAtLeast(t, 1, 20*time.Second)
-	if _, err := New(Config{Name: "x", Brokers: []string{"b:1"}, DB: b.pool}, h, WithAttemptTimeout(-time.Second)); err == nil {
+	if _, err := New(b.pool, []string{"b:1"}, "x", WithAttemptTimeout(-time.Second)); err == nil {
 		t.Fatal("a negative attempt timeout was accepted")
 	}
 }

@@ -23,7 +23,7 @@ func TestStuckHandlerDoesNotBlockShutdown(t *testing.T) {
 	b.produce(t, message(t, b.event(t, "a", 1), nil), message(t, b.event(t, "a", 2), nil))
 	entered, release := make(chan struct{}), make(chan struct{})
 	defer close(release)
-	stuck := Bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
+	stuck := bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO effects (consumer, event_id, k, n, part, off) VALUES ('stuck', $1, $2, $3, $4, $5)`,
 			meta.EventID.String(), string(ev.EventKey()), ev.Seq(), meta.Partition, meta.Offset); err != nil {
 			return err

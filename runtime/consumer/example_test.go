@@ -17,8 +17,8 @@ import (
 // orderPlaced stands in for a generated event type.
 var orderPlaced = &events.Descriptor{Type: "orders.v1.OrderPlaced", Topic: "orders.order-placed.v1", Version: 1}
 
-// A consumer as generated code wires it: migrate the dedup table once, bind
-// a typed handler, run until SIGTERM. The handler writes through tx, so its
+// A consumer as generated code wires it: migrate the dedup table once,
+// register a handler, run until SIGTERM. The handler writes through tx, so its
 // effects commit together with the dedup row.
 func Example() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
@@ -30,11 +30,7 @@ func Example() {
 	if err := consumer.Migrate(ctx, pool); err != nil {
 		log.Fatal(err)
 	}
-	h := consumer.Bind(orderPlaced, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev events.Event) error {
-		_, err := tx.Exec(ctx, `INSERT INTO shipments (order_key, event_id) VALUES ($1, $2)`, ev.EventKey(), meta.EventID.String())
-		return err
-	})
-	c, err := consumer.New(consumer.Config{Name: "shipping", Brokers: []string{"localhost:9092"}, DB: pool}, h,
+	c, err := consumer.New(pool, []string{"localhost:9092"}, "shipping",
 		consumer.WithMaxAttempts(8),
 		consumer.WithPruning(time.Hour, 14*24*time.Hour),
 		consumer.WithHooks(consumer.Hooks{DeadLettered: func(dl consumer.DeadLetter) {
@@ -42,6 +38,12 @@ func Example() {
 				dl.Original.Topic, dl.Original.Partition, dl.Original.Offset, dl.Err)
 		}}))
 	if err != nil {
+		log.Fatal(err)
+	}
+	if err := consumer.Handle(c, orderPlaced, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev events.Event) error {
+		_, err := tx.Exec(ctx, `INSERT INTO shipments (order_key, event_id) VALUES ($1, $2)`, ev.EventKey(), meta.EventID.String())
+		return err
+	}); err != nil {
 		log.Fatal(err)
 	}
 	if err := c.Run(ctx); err != nil {
@@ -68,10 +70,11 @@ func ExampleRedrive() {
 // orderCancelled stands in for a second generated event type.
 var orderCancelled = &events.Descriptor{Type: "orders.v1.OrderCancelled", Topic: "orders.order-cancelled.v1", Version: 1}
 
-// A service consumer: one group and one dedup name for every event type the
-// service handles, a middleware around every handler, and a readiness
-// signal. Generated code offers Handle<Event>(s, h) for each event.
-func ExampleNewService() {
+// One consumer for a service: one group and one dedup name for every event
+// type the service handles, a middleware around every handler, and a
+// readiness signal. Generated code offers Handle<Event>(c, h) for each
+// event.
+func ExampleHandle() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer stop()
 	pool, err := pgxpool.New(ctx, "postgres://localhost/shipping")
@@ -85,7 +88,7 @@ func ExampleNewService() {
 			return err
 		}
 	}
-	s, err := consumer.NewService(consumer.Config{Name: "shipping", Brokers: []string{"localhost:9092"}, DB: pool},
+	c, err := consumer.New(pool, []string{"localhost:9092"}, "shipping",
 		consumer.WithMiddleware(logEvents), consumer.WithDrainTimeout(5*time.Second))
 	if err != nil {
 		log.Fatal(err)
@@ -98,17 +101,17 @@ func ExampleNewService() {
 		_, err := tx.Exec(ctx, `UPDATE shipments SET status = 'cancelled' WHERE order_key = $1`, ev.EventKey())
 		return err
 	}
-	if err := consumer.Handle(s, orderPlaced, book); err != nil {
+	if err := consumer.Handle(c, orderPlaced, book); err != nil {
 		log.Fatal(err)
 	}
-	if err := consumer.Handle(s, orderCancelled, cancel); err != nil {
+	if err := consumer.Handle(c, orderCancelled, cancel); err != nil {
 		log.Fatal(err)
 	}
 	go func() {
-		<-s.Ready()
-		log.Printf("consumer %s ready (group %s)", s.Name(), s.GroupID())
+		<-c.Ready()
+		log.Printf("consumer %s ready (group %s)", c.Name(), c.GroupID())
 	}()
-	if err := s.Run(ctx); err != nil {
+	if err := c.Run(ctx); err != nil {
 		log.Fatal(err) // e.g. a *consumer.MissingTopicsError naming the topics to create
 	}
 }

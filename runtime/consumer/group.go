@@ -16,7 +16,7 @@ import (
 // with their assignments, and per partition of its topics the committed
 // offset, the end of the log and what lies between.
 type GroupStatus struct {
-	// Group is the group ID (Config.GroupID, by default the consumer name).
+	// Group is the group ID (WithGroupID, by default the consumer name).
 	Group string
 	// State is the coordinator's group state: "Stable", "Empty",
 	// "PreparingRebalance", "CompletingRebalance" or "Dead".
@@ -458,8 +458,8 @@ func (e *LiveMembersError) Error() string {
 func (e *LiveMembersError) Unwrap() error { return ErrGroupActive }
 
 // ResetGroup moves the committed offsets of group in every partition of
-// topics to the target, for a replay (see the README's "Replaying a
-// consumer"). It refuses with a *LiveMembersError while the group has live
+// topics to the target, for a replay (see docs/runbook.md, "Consumer lag
+// and replay"). It refuses with a *LiveMembersError while the group has live
 // members: stop the consumers first. It commits as a client outside the
 // group (generation -1), which the broker also refuses should a member
 // join in the meantime. With no topics it resets the topics the group has

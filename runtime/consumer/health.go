@@ -9,11 +9,11 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/protoevents/protoevents/internal/probe"
+	"github.com/protoevents/protoevents/runtime/internal/health"
 )
 
-// Health is a consumer's liveness and readiness, as Consumer.Health and
-// Service.Health report it, for an orchestrator's probes.
+// Health is a consumer's liveness and readiness, as Consumer.Health reports
+// it, for an orchestrator's probes.
 type Health struct {
 	// Live is true from Run's start until it returns: a consumer that is
 	// not live has stopped (restart the process).
@@ -80,7 +80,7 @@ const (
 func (c *Consumer) checkDatabase(ctx context.Context) {
 	for {
 		pctx, cancel := context.WithTimeout(ctx, healthCheckTimeout)
-		err := c.cfg.DB.Ping(pctx)
+		err := c.db.Ping(pctx)
 		cancel()
 		if ctx.Err() != nil {
 			return
@@ -123,7 +123,7 @@ func (c *Consumer) Health() Health {
 	select {
 	case <-c.ready:
 	default:
-		msg := "not yet joined the consumer group " + c.cfg.GroupID
+		msg := "not yet joined the consumer group " + c.groupID
 		if e, _ := c.health.joinErr.Load().(string); e != "" {
 			msg += ": " + e
 		}
@@ -141,28 +141,14 @@ func (c *Consumer) Health() Health {
 
 // LiveHandler serves the consumer's liveness: 200 and the health text
 // while Run runs, 503 otherwise. Mount it at /livez.
-func (c *Consumer) LiveHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		h := c.Health()
-		probe.Serve(w, h.String(), h.Live)
-	})
-}
+func (c *Consumer) LiveHandler() http.Handler { return health.Live(c.check) }
 
 // ReadyHandler serves the consumer's readiness: 200 and the health text
 // when ready, 503 otherwise. Mount it at /readyz.
-func (c *Consumer) ReadyHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		h := c.Health()
-		probe.Serve(w, h.String(), h.Ready)
-	})
+func (c *Consumer) ReadyHandler() http.Handler { return health.Ready(c.check) }
+
+// check is the consumer's health in the shape of the runtime's probes.
+func (c *Consumer) check() (text string, live, ready bool) {
+	h := c.Health()
+	return h.String(), h.Live, h.Ready
 }
-
-// Health reports the service consumer's liveness and readiness; see
-// Consumer.Health.
-func (s *Service) Health() Health { return s.c.Health() }
-
-// LiveHandler serves the service's liveness (mount at /livez).
-func (s *Service) LiveHandler() http.Handler { return s.c.LiveHandler() }
-
-// ReadyHandler serves the service's readiness (mount at /readyz).
-func (s *Service) ReadyHandler() http.Handler { return s.c.ReadyHandler() }

@@ -107,8 +107,8 @@ func (b *bundle) produce(t testing.TB, msgs ...kafka.Message) {
 
 // handler records every applied event in the effects table, in the dedup
 // transaction; fail, if set, decides whether an event fails instead.
-func (b *bundle) handler(name string, fail func(ev testEvent, meta events.Meta) error) Handler {
-	return Bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
+func (b *bundle) handler(name string, fail func(ev testEvent, meta events.Meta) error) testHandler {
+	return bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
 		if fail != nil {
 			if err := fail(ev, meta); err != nil {
 				return err
@@ -137,10 +137,32 @@ func testLogger() *slog.Logger {
 	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
-func (b *bundle) newConsumer(t testing.TB, name string, h Handler, opts ...Option) *Consumer {
+// testHandler is a handler of the test event type and its descriptor, as
+// newConsumer registers it with Handle.
+type testHandler struct {
+	d  *events.Descriptor
+	fn func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error
+}
+
+func bind(d *events.Descriptor, fn func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error) testHandler {
+	return testHandler{d: d, fn: fn}
+}
+
+// newConsumer returns a consumer named name on the bundle's pool and
+// brokers with the single handler h.
+func (b *bundle) newConsumer(t testing.TB, name string, h testHandler, opts ...Option) *Consumer {
 	t.Helper()
-	c, err := New(Config{Name: name, Brokers: b.kafka.Brokers, DB: b.pool}, h, append(fastOptions(), opts...)...)
+	return newConsumerOn(t, b.pool, b.kafka.Brokers, name, h, append(fastOptions(), opts...)...)
+}
+
+// newConsumerOn is New plus Handle(h), failing the test on an error.
+func newConsumerOn(t testing.TB, pool *pgxpool.Pool, brokers []string, name string, h testHandler, opts ...Option) *Consumer {
+	t.Helper()
+	c, err := New(pool, brokers, name, opts...)
 	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Handle(c, h.d, h.fn); err != nil {
 		t.Fatal(err)
 	}
 	return c

@@ -65,13 +65,20 @@ type settings struct {
 	dialer         *kafka.Dialer
 	tracer         trace.Tracer
 	attemptTimeout time.Duration
+	groupID        string
+	middleware     []Middleware
+	topicWait      time.Duration // 0: a missing topic fails Run; else the warning interval while waiting
+	topicPoll      time.Duration // how often a waiting Run checks the topics again
+	unassignedWarn time.Duration // 0: never warn
+	partitionWatch time.Duration
+	drainTimeout   time.Duration
+	handlerGrace   time.Duration // how long a handler may run past its context's end before it is abandoned
+	maxBatch       int
 
-	// Test seams, unexported on purpose.
-	afterDBCommit func(kafka.Message) error // a non-nil error aborts Run before the offset is marked
-	noDedup       bool                      // benchmark baseline: run the handler without the dedup insert
-	lostCommitAck func() error              // a non-nil error replaces a successful commit's result, as a connection lost in COMMIT would
-
-	svcSettings // the service consumer's settings, at the end of this file
+	// Test seams, unexported on purpose (fault points travel in Run's
+	// context instead: see runtime/faultinject).
+	noDedup       bool         // benchmark baseline: run the handler without the dedup insert
+	lostCommitAck func() error // a non-nil error replaces a successful commit's result, as a connection lost in COMMIT would
 
 	errs []error
 }
@@ -96,7 +103,12 @@ func defaultSettings() settings {
 		joinBackoff:    DefaultJoinGroupBackoff,
 		dialer:         kafka.DefaultDialer,
 		tracer:         otel.GetTracerProvider().Tracer(tracerName),
-		svcSettings:    defaultSvcSettings(),
+		topicPoll:      time.Second,
+		unassignedWarn: DefaultWarnInterval,
+		partitionWatch: 5 * time.Second,
+		drainTimeout:   DefaultDrainTimeout,
+		handlerGrace:   time.Second,
+		maxBatch:       DefaultMaxBatch,
 	}
 }
 
@@ -130,6 +142,19 @@ func settingsFrom(opts []Option) (settings, error) {
 		}
 	}
 	return c.s, errors.Join(c.s.errs...)
+}
+
+// WithGroupID sets the Kafka consumer group ID; default the consumer's
+// name. Members with the same group ID share the partitions; the name
+// alone scopes deduplication.
+func WithGroupID(id string) Option {
+	return func(c *Consumer) {
+		if id == "" {
+			c.s.fail("WithGroupID: empty group ID")
+			return
+		}
+		c.s.groupID = id
+	}
 }
 
 // WithTable sets the dedup table, "table" or "schema.table"; default
@@ -333,26 +358,6 @@ func withMaxWait(d time.Duration) Option {
 	return func(c *Consumer) { c.s.maxWait = d }
 }
 
-// Faults are fault-injection points, for tests and demos that prove what
-// happens when a consumer dies at the worst moment.
-type Faults struct {
-	// AfterDBCommit runs after a message's transaction committed and before
-	// its offset is marked. An error aborts Run with that error, leaving the
-	// offset uncommitted, like a crash at that point: the message is
-	// delivered again and the dedup table absorbs it.
-	AfterDBCommit func(kafka.Message) error
-}
-
-// WithFaults installs fault-injection points. Never in production.
-func WithFaults(f Faults) Option {
-	return func(c *Consumer) { c.s.afterDBCommit = f.AfterDBCommit }
-}
-
-// withAfterDBCommit is WithFaults with only AfterDBCommit, for the tests.
-func withAfterDBCommit(fn func(kafka.Message) error) Option {
-	return WithFaults(Faults{AfterDBCommit: fn})
-}
-
 // withLostCommitAck makes successful commits report fn's error (tests only).
 func withLostCommitAck(fn func() error) Option {
 	return func(c *Consumer) { c.s.lostCommitAck = fn }
@@ -363,7 +368,7 @@ func withoutDedup() Option {
 	return func(c *Consumer) { c.s.noDedup = true }
 }
 
-// Defaults of the service consumer's settings.
+// Defaults of the drain, warning and batch settings.
 const (
 	// DefaultDrainTimeout is how long in-flight messages may still finish
 	// after Run's context ends.
@@ -378,29 +383,6 @@ const (
 	// past which every snapshot on the server gets slower.
 	DefaultMaxBatch = 32
 )
-
-// svcSettings are the settings added with the service consumer.
-type svcSettings struct {
-	middleware     []Middleware
-	topicWait      time.Duration // 0: a missing topic fails Run; else the warning interval while waiting
-	topicPoll      time.Duration // how often a waiting Run checks the topics again
-	unassignedWarn time.Duration // 0: never warn
-	partitionWatch time.Duration
-	drainTimeout   time.Duration
-	handlerGrace   time.Duration // how long a handler may run past its context's end before it is abandoned
-	maxBatch       int
-}
-
-func defaultSvcSettings() svcSettings {
-	return svcSettings{
-		topicPoll:      time.Second,
-		unassignedWarn: DefaultWarnInterval,
-		partitionWatch: 5 * time.Second,
-		drainTimeout:   DefaultDrainTimeout,
-		handlerGrace:   time.Second,
-		maxBatch:       DefaultMaxBatch,
-	}
-}
 
 // WithMiddleware wraps every handler of the consumer in mw, the first
 // outermost: WithMiddleware(a, b) runs a, which calls b, which calls the

@@ -47,7 +47,7 @@ func TestPostgresOutageBurnsNoAttempts(t *testing.T) {
 
 	entered, resume := make(chan struct{}), make(chan struct{})
 	var retries, dead counter
-	h := Bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
+	h := bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
 		if ev.Seq() == 10 && meta.Attempt == 1 {
 			select {
 			case <-entered:

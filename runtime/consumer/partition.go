@@ -91,7 +91,7 @@ func (c *Consumer) runPartition(runCtx, gctx context.Context, gen *kafka.Generat
 		pending: -1, committed: -1, lastFlush: time.Now(),
 	}
 	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers:     c.cfg.Brokers,
+		Brokers:     c.brokers,
 		Topic:       topic,
 		Partition:   a.ID,
 		Dialer:      c.s.dialer,
@@ -210,7 +210,7 @@ func (p *partition) settle(ctx context.Context, m kafka.Message) error {
 func (p *partition) settleAfter(ctx context.Context, m kafka.Message, prior error) error {
 	c := p.c
 	d := events.Delivery{Topic: m.Topic, Partition: m.Partition, Offset: m.Offset}
-	if target, ok := envelope.Header(m, HeaderRedriveFor); ok && target != c.cfg.Name {
+	if target, ok := envelope.Header(m, HeaderRedriveFor); ok && target != c.name {
 		// A redrive is addressed to the consumer that dead-lettered the
 		// message. The others applied the event long ago, and their dedup
 		// rows may be pruned by now: they skip it like a duplicate.
@@ -262,8 +262,8 @@ func (p *partition) settleAfter(ctx context.Context, m kafka.Message, prior erro
 		}
 		if err == nil {
 			recovered()
-			if c.s.afterDBCommit != nil {
-				if herr := c.s.afterDBCommit(m); herr != nil {
+			if c.faults.AfterDBCommit != nil {
+				if herr := c.faults.AfterDBCommit(m); herr != nil {
 					return &abortError{herr}
 				}
 			}
@@ -377,7 +377,7 @@ func (p *partition) attempt(ctx context.Context, env *envelope.Envelope, d event
 		_ = tx.Rollback(rctx) // a no-op after Commit
 	}()
 	if !c.s.noDedup {
-		tag, err := tx.Exec(actx, c.sql.dedup, c.cfg.Name, pgtype.UUID{Bytes: env.EventID, Valid: true})
+		tag, err := tx.Exec(actx, c.sql.dedup, c.name, pgtype.UUID{Bytes: env.EventID, Valid: true})
 		if err != nil {
 			return false, &infraError{timedOut(fmt.Errorf("consumer: dedup insert: %w", err))}
 		}
@@ -479,7 +479,7 @@ func (p *partition) guardedHandler(ctx context.Context, tx, htx pgx.Tx, meta eve
 // this consumer.
 func (c *Consumer) applied(ctx context.Context, id events.EventID) (bool, error) {
 	var ok bool
-	err := c.cfg.DB.QueryRow(ctx, c.sql.applied, c.cfg.Name, pgtype.UUID{Bytes: id, Valid: true}).Scan(&ok)
+	err := c.db.QueryRow(ctx, c.sql.applied, c.name, pgtype.UUID{Bytes: id, Valid: true}).Scan(&ok)
 	return ok, err
 }
 
@@ -495,7 +495,7 @@ func (c *Consumer) traceHandler(ctx context.Context, tx pgx.Tx, meta events.Meta
 			attribute.String("messaging.destination.name", meta.Topic),
 			attribute.String("messaging.destination.partition.id", strconv.Itoa(meta.Partition)),
 			attribute.Int64("messaging.kafka.offset", meta.Offset),
-			attribute.String("messaging.consumer.group.name", c.cfg.GroupID),
+			attribute.String("messaging.consumer.group.name", c.groupID),
 			attribute.String("messaging.message.id", meta.EventID.String()),
 			attribute.String("protoevents.event_type", meta.Type),
 			attribute.Int("protoevents.attempt", meta.Attempt),

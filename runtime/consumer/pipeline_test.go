@@ -36,7 +36,7 @@ func TestHandlerEventsGoWithTheCommit(t *testing.T) {
 				t.Fatal(err)
 			}
 			followUp := testenv.Descriptor(servers.Topic(t, "follow-up"))
-			h := Bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
+			h := bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
 				if _, err := tx.Exec(ctx, `INSERT INTO effects (consumer, event_id, k, n, part, off) VALUES ($1, $2, $3, $4, $5, $6)`,
 					"pipe", meta.EventID.String(), string(ev.EventKey()), ev.Seq(), meta.Partition, meta.Offset); err != nil {
 					return err
@@ -49,11 +49,7 @@ func TestHandlerEventsGoWithTheCommit(t *testing.T) {
 				}
 				return nil
 			})
-			c, err := New(Config{Name: "pipe", Brokers: b.kafka.Brokers, DB: pool}, h,
-				append(fastOptions(), WithMaxBatch(maxBatch))...)
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := newConsumerOn(t, pool, b.kafka.Brokers, "pipe", h, append(fastOptions(), WithMaxBatch(maxBatch))...)
 			b.produce(t, message(t, b.event(t, "kept", 1), nil), message(t, b.event(t, "refused", 2), nil))
 			r := start(t, c)
 			b.effectsAtLeast(t, 1, 30*time.Second)
@@ -94,7 +90,7 @@ func TestBatchHandlerNestedWriteThenFailure(t *testing.T) {
 	}
 	followUp := testenv.Descriptor(servers.Topic(t, "nested"))
 	var calls counter
-	h := Bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
+	h := bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
 		calls.inc()
 		err := pgx.BeginFunc(ctx, tx, func(nested pgx.Tx) error {
 			_, err := w.Write(ctx, nested, testenv.NewEvent(followUp, string(ev.EventKey()), ev.Seq()))
@@ -120,10 +116,7 @@ func TestBatchHandlerNestedWriteThenFailure(t *testing.T) {
 		msgs[i] = message(t, b.event(t, "k", i), nil)
 	}
 	b.produce(t, msgs...)
-	c, err := New(Config{Name: "nested", Brokers: b.kafka.Brokers, DB: b.pool}, h, append(fastOptions(), WithMaxBatch(n))...)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := b.newConsumer(t, "nested", h, WithMaxBatch(n))
 	r := start(t, c)
 	b.effectsAtLeast(t, n, 30*time.Second)
 	if err := r.stop(); err != nil {

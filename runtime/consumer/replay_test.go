@@ -11,12 +11,13 @@ import (
 	"github.com/protoevents/protoevents/runtime/events"
 )
 
-// TestReplayRebuildsReadModel is the README's "Replaying a consumer": after
-// a consumer applied every event, resetting its group to the start and
-// running it again under the same name changes nothing (every event comes
-// by again and is counted as a duplicate), while a consumer under a new
-// name, its own group starting at the beginning, applies every event
-// exactly once: the way to rebuild a read model.
+// TestReplayRebuildsReadModel is docs/runbook.md's "Replaying a consumer"
+// (under "Consumer lag and replay"): after a consumer applied every event,
+// resetting its group to the start and running it again under the same
+// name changes nothing (every event comes by again and is counted as a
+// duplicate), while a consumer under a new name, its own group starting at
+// the beginning, applies every event exactly once: the way to rebuild a
+// read model.
 func TestReplayRebuildsReadModel(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 3)

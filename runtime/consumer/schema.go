@@ -4,12 +4,11 @@ import (
 	"context"
 	"embed"
 	"fmt"
-	"regexp"
-	"strings"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/protoevents/protoevents/runtime/internal/sqlident"
 	"github.com/protoevents/protoevents/runtime/internal/sqltmpl"
 )
 
@@ -23,14 +22,6 @@ var schemaTemplates = sqltmpl.Must(schemaFile, "consumer.sql")
 
 // DefaultTable is the dedup table's name when WithTable is not given.
 const DefaultTable = "consumed_events"
-
-// identPart is what a table name part may be: a plain, unquoted Postgres
-// identifier. Quoting makes any string safe; refusing the odd ones keeps the
-// names operators type in psql the names the code uses.
-var identPart = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
-
-// maxIdentLen is Postgres' NAMEDATALEN-1: longer names are truncated.
-const maxIdentLen = 63
 
 // sqlSet is the consumer's SQL, rendered once per table name from
 // consumer.sql.
@@ -46,18 +37,13 @@ type sqlSet struct {
 }
 
 // parseTable validates a table name, optionally schema-qualified
-// ("schema.table"), and returns it as a pgx.Identifier.
-func parseTable(name string) (pgx.Identifier, error) {
-	parts := strings.Split(name, ".")
-	if len(parts) > 2 {
-		return nil, fmt.Errorf("consumer: table %q: want table or schema.table", name)
+// ("schema.table"), with the rule of every runtime table (sqlident).
+func parseTable(name string) (sqlident.Table, error) {
+	t, err := sqlident.ParseTable(name)
+	if err != nil {
+		return sqlident.Table{}, fmt.Errorf("consumer: %w", err)
 	}
-	for _, p := range parts {
-		if !identPart.MatchString(p) || len(p) > maxIdentLen {
-			return nil, fmt.Errorf("consumer: table %q: %q is not a plain identifier (letters, digits, _; at most %d bytes)", name, p, maxIdentLen)
-		}
-	}
-	return pgx.Identifier(parts), nil
+	return t, nil
 }
 
 // renderSQL renders every statement of the consumer for one table.
@@ -66,9 +52,9 @@ func renderSQL(table string) (*sqlSet, error) {
 	if err != nil {
 		return nil, err
 	}
-	index := id[len(id)-1] + "_consumed_at_idx"
-	if len(index) > maxIdentLen {
-		return nil, fmt.Errorf("consumer: table %q: name too long for its index %q (at most %d bytes)", table, index, maxIdentLen)
+	index := id.Name + "_consumed_at_idx"
+	if len(index) > sqlident.MaxLen {
+		return nil, fmt.Errorf("consumer: table %q: name too long for its index %q (at most %d bytes)", table, index, sqlident.MaxLen)
 	}
 	data := struct{ Table, Index string }{Table: id.Sanitize(), Index: pgx.Identifier{index}.Sanitize()}
 	s := &sqlSet{table: table}

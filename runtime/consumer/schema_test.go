@@ -7,9 +7,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/protoevents/protoevents/eventstest/servers"
+	"github.com/protoevents/protoevents/runtime/events"
 )
 
 // TestMigrateConcurrentAndIdempotent runs Migrate from several goroutines
@@ -65,40 +67,60 @@ func TestTableNamesValidated(t *testing.T) {
 
 func TestNewRejectsBadConfig(t *testing.T) {
 	d := descriptorFor("t")
-	h := Bind[testEvent](d, nil)
+	noop := func(context.Context, pgx.Tx, events.Meta, testEvent) error { return nil }
 	pool, err := pgxpool.New(context.Background(), "postgres://nobody@127.0.0.1:1/none") // connects lazily: never here
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	ok := Config{Name: "n", Brokers: []string{"127.0.0.1:1"}, DB: pool}
-	if _, err := New(ok, h); err != nil {
-		t.Fatalf("valid config refused: %v", err)
+	brokers := []string{"127.0.0.1:1"}
+	// build is New and Handle, as a program calls them.
+	build := func(pool *pgxpool.Pool, brokers []string, name string, d *events.Descriptor, fn func(context.Context, pgx.Tx, events.Meta, testEvent) error, opts ...Option) (*Consumer, error) {
+		c, err := New(pool, brokers, name, opts...)
+		if err != nil {
+			return nil, err
+		}
+		return c, Handle(c, d, fn)
+	}
+	if c, err := build(pool, brokers, "n", d, noop); err != nil || c.GroupID() != "n" || c.Name() != "n" {
+		t.Fatalf("valid config refused: %v, %v", c, err)
+	}
+	if c, err := build(pool, brokers, "n", d, noop, WithGroupID("g")); err != nil || c.GroupID() != "g" || c.Name() != "n" {
+		t.Fatalf("WithGroupID: %v, %v", c, err)
 	}
 	noDLQ := *d
 	noDLQ.DLQTopic = ""
-	if c, err := New(ok, Bind[testEvent](&noDLQ, nil)); err != nil || c.DLQTopic() != "t.dlq" {
+	if c, err := build(pool, brokers, "n", &noDLQ, noop); err != nil || c.DLQTopic("t") != "t.dlq" || c.DLQTopic("other") != "" {
 		t.Fatalf("default DLQ topic: %v, %v", c, err)
 	}
 	noNew := *d
 	noNew.New = nil
 	for name, tc := range map[string]struct {
-		cfg  Config
-		h    Handler
-		opts []Option
+		pool    *pgxpool.Pool
+		brokers []string
+		name    string
+		d       *events.Descriptor
+		fn      func(context.Context, pgx.Tx, events.Meta, testEvent) error
+		opts    []Option
 	}{
-		"no name":         {Config{Brokers: ok.Brokers, DB: pool}, h, nil},
-		"no brokers":      {Config{Name: "n", DB: pool}, h, nil},
-		"no db":           {Config{Name: "n", Brokers: ok.Brokers}, h, nil},
-		"no handler":      {ok, nil, nil},
-		"no New":          {ok, Bind[testEvent](&noNew, nil), nil},
-		"bad table":       {ok, h, []Option{WithTable("x;y")}},
-		"bad attempts":    {ok, h, []Option{WithMaxAttempts(0)}},
-		"bad backoff":     {ok, h, []Option{WithBackoff(time.Second, time.Millisecond)}},
-		"prune too short": {ok, h, []Option{WithPruning(time.Hour, time.Hour)}},
+		"no name":         {pool, brokers, "", d, noop, nil},
+		"no brokers":      {pool, nil, "n", d, noop, nil},
+		"empty broker":    {pool, []string{""}, "n", d, noop, nil},
+		"no db":           {nil, brokers, "n", d, noop, nil},
+		"no handler":      {pool, brokers, "n", d, nil, nil},
+		"no descriptor":   {pool, brokers, "n", nil, noop, nil},
+		"no New":          {pool, brokers, "n", &noNew, noop, nil},
+		"empty group":     {pool, brokers, "n", d, noop, []Option{WithGroupID("")}},
+		"bad table":       {pool, brokers, "n", d, noop, []Option{WithTable("x;y")}},
+		"bad attempts":    {pool, brokers, "n", d, noop, []Option{WithMaxAttempts(0)}},
+		"bad backoff":     {pool, brokers, "n", d, noop, []Option{WithBackoff(time.Second, time.Millisecond)}},
+		"prune too short": {pool, brokers, "n", d, noop, []Option{WithPruning(time.Hour, time.Hour)}},
 	} {
-		if _, err := New(tc.cfg, tc.h, tc.opts...); err == nil {
+		_, err := build(tc.pool, tc.brokers, tc.name, tc.d, tc.fn, tc.opts...)
+		if err == nil {
 			t.Errorf("%s: New accepted it", name)
+		} else if !strings.HasPrefix(err.Error(), "consumer: ") {
+			t.Errorf("%s: error %q lacks the consumer: prefix", name, err)
 		}
 	}
 }

@@ -16,26 +16,24 @@ import (
 )
 
 // HandleSQL registers fn, a handler written against database/sql, as the
-// handler of event type d on s: like Handle, but fn gets the dedup
+// handler of event type d on c: like Handle, but fn gets the dedup
 // transaction as a *sql.Tx, for code on sqlx, sqlc's database/sql mode,
 // ent or GORM (their underlying *sql.Tx). The transaction runs on a
-// connection of Config.DB through pgx's stdlib driver, so the dedup row
-// and fn's writes commit together. fn must not commit or roll back tx.
-func HandleSQL[T events.Event](s *Service, d *events.Descriptor, fn func(ctx context.Context, tx *sql.Tx, meta events.Meta, ev T) error, opts ...HandlerOption) error {
-	if s == nil {
-		return errors.New("consumer: HandleSQL: nil service")
-	}
+// connection of the consumer's pool through pgx's stdlib driver, so the
+// dedup row and fn's writes commit together. fn must not commit or roll
+// back tx.
+func HandleSQL[T events.Event](c *Consumer, d *events.Descriptor, fn func(ctx context.Context, tx *sql.Tx, meta events.Meta, ev T) error, opts ...HandlerOption) error {
 	if fn == nil {
 		return errors.New("consumer: HandleSQL: nil handler function")
 	}
-	h := Bind(d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev T) error {
+	h := typed(d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev T) error {
 		st, err := sqlTxOf(ctx, tx)
 		if err != nil {
 			return err
 		}
 		return fn(ctx, st, meta, ev)
 	})
-	return s.Register(h, append(opts, func(r *route) error { r.sql = true; return nil })...)
+	return c.register(d, h, append(opts, func(r *route) error { r.sql = true; return nil }))
 }
 
 // sqlTxOf returns the *sql.Tx behind a database/sql handler's transaction;
@@ -55,12 +53,12 @@ func sqlTxOf(ctx context.Context, tx pgx.Tx) (*sql.Tx, error) {
 	return b.tx, nil
 }
 
-// sqlDB returns the database/sql handle over Config.DB, opened on first
+// sqlDB returns the database/sql handle over the consumer's pool, opened on first
 // use. It keeps no idle connections, so every connection goes back to the
 // pool when its transaction ends.
 func (c *Consumer) sqlDB() *sql.DB {
 	c.sqlOnce.Do(func() {
-		c.sqldb = stdlib.OpenDBFromPool(c.cfg.DB)
+		c.sqldb = stdlib.OpenDBFromPool(c.db)
 		c.sqldb.SetMaxIdleConns(0)
 	})
 	return c.sqldb
@@ -72,7 +70,7 @@ func (c *Consumer) sqlDB() *sql.DB {
 // with an outbox.Writer together with the COMMIT, saving a round trip.
 func (c *Consumer) begin(ctx context.Context, r *route) (pgx.Tx, error) {
 	if !r.sql {
-		return outbox.Begin(ctx, c.cfg.DB, pgx.TxOptions{})
+		return outbox.Begin(ctx, c.db, pgx.TxOptions{})
 	}
 	conn, err := c.sqlDB().Conn(ctx)
 	if err != nil {

@@ -74,11 +74,8 @@ func TestStallHelperProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := "stall-" + b.d.Topic
-	c, err := New(Config{Name: name, Brokers: b.kafka.Brokers, DB: pool}, b.handler(name, nil),
+	c := newConsumerOn(t, pool, b.kafka.Brokers, name, b.handler(name, nil),
 		append([]Option{withMaxWait(50 * time.Millisecond), WithLogger(testLogger())}, opts...)...)
-	if err != nil {
-		t.Fatal(err)
-	}
 	if err := c.Run(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -38,7 +38,7 @@ func (c *Consumer) missingTopics(ctx context.Context) (*MissingTopicsError, erro
 	for _, t := range c.topics {
 		names = append(names, t, c.routes[t].dlq)
 	}
-	exist, err := partitionCounts(ctx, c.s.dialer, c.cfg.Brokers, names)
+	exist, err := partitionCounts(ctx, c.s.dialer, c.brokers, names)
 	if err != nil {
 		return nil, err
 	}
@@ -59,7 +59,7 @@ func (c *Consumer) missingTopics(ctx context.Context) (*MissingTopicsError, erro
 	if len(e.Topics) == 0 {
 		return nil, nil
 	}
-	e.Consumer = c.cfg.Name
+	e.Consumer = c.name
 	slices.Sort(e.Topics)
 	slices.Sort(e.EventTopics)
 	return &e, nil
@@ -190,7 +190,7 @@ func (c *Consumer) watchAssignments(ctx context.Context) {
 		}
 		for topic, d := range c.watch.unassigned(every) {
 			c.log.Warn("consumer: no partition of topic assigned to this member; nothing of it is consumed here (more members than partitions, a rebalance in progress, or the topic is missing)",
-				"topic", topic, "group", c.cfg.GroupID, "for", d.Round(time.Millisecond))
+				"topic", topic, "group", c.groupID, "for", d.Round(time.Millisecond))
 		}
 	}
 }
@@ -212,7 +212,7 @@ func (c *Consumer) watchPartitions(gctx context.Context, base map[string]int, in
 		case <-t.C:
 		}
 		ctx, cancel := context.WithTimeout(gctx, interval)
-		now, err := partitionCounts(ctx, c.s.dialer, c.cfg.Brokers, c.topics)
+		now, err := partitionCounts(ctx, c.s.dialer, c.brokers, c.topics)
 		cancel()
 		if err != nil {
 			continue // kafka-go's group retries the coordinator; a later tick looks again

@@ -24,7 +24,7 @@ func TestHandlerJoinsProducerTrace(t *testing.T) {
 		message(t, b.event(t, "k", 1), func(e *envelope.Envelope) { e.TraceParent = tp }),
 		message(t, b.event(t, "k", 2), nil))
 	seen := make(chan trace.SpanContext, 2)
-	c := b.newConsumer(t, "trace", Bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
+	c := b.newConsumer(t, "trace", bind(b.d, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
 		seen <- trace.SpanContextFromContext(ctx)
 		return nil
 	}))

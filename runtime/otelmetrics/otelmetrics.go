@@ -6,7 +6,7 @@
 //
 //	m, _ := otelmetrics.New(otel.GetMeterProvider())
 //	relay, _ := outbox.NewRelay(pool, brokers, outbox.WithHooks(m.Relay()))
-//	c, _ := ordersv1.NewOrderPlacedConsumer(cfg, h, consumer.WithHooks(m.Consumer(cfg.Name)))
+//	c, _ := consumer.New(pool, brokers, "billing", consumer.WithHooks(m.Consumer("billing")))
 package otelmetrics
 
 import (
@@ -112,7 +112,7 @@ func (m *Metrics) Relay() outbox.Hooks {
 }
 
 // Consumer returns the hooks to pass to consumer.WithHooks of the consumer
-// named name (its consumer.Config.Name), recorded with the attribute
+// named name (the name given to consumer.New), recorded with the attribute
 // protoevents.consumer so several consumers in one process stay apart.
 // alert, if not nil, is also called for every dead-lettered message.
 func (m *Metrics) Consumer(name string, alert ...func(consumer.DeadLetter)) consumer.Hooks {

@@ -72,16 +72,15 @@ func TestRelayAndConsumerReportThroughOTel(t *testing.T) {
 	defer func() { cancel(); <-done }()
 
 	var alerts int
-	c, err := ordersv1.NewOrderPlacedConsumer(env.ConsumerConfig("billing"),
-		func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ordersv1.OrderPlaced) error {
-			if ev.GetOrderId() == "poison" {
-				return errors.New("cannot bill")
-			}
-			return nil
-		},
+	c := env.NewConsumer(t, "billing",
 		consumer.WithMaxAttempts(2), consumer.WithBackoff(time.Millisecond, 5*time.Millisecond),
 		consumer.WithHooks(m.Consumer("billing", func(consumer.DeadLetter) { alerts++ })))
-	if err != nil {
+	if err := ordersv1.HandleOrderPlaced(c, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ordersv1.OrderPlaced) error {
+		if ev.GetOrderId() == "poison" {
+			return errors.New("cannot bill")
+		}
+		return nil
+	}); err != nil {
 		t.Fatal(err)
 	}
 	cctx, ccancel := context.WithCancel(context.Background())

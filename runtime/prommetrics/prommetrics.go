@@ -4,7 +4,7 @@
 //
 //	m, _ := prommetrics.New(prometheus.DefaultRegisterer)
 //	relay, _ := outbox.NewRelay(pool, brokers, outbox.WithHooks(m.Relay()))
-//	c, _ := ordersv1.NewOrderPlacedConsumer(cfg, h, consumer.WithHooks(m.Consumer(cfg.Name)))
+//	c, _ := consumer.New(pool, brokers, "billing", consumer.WithHooks(m.Consumer("billing")))
 //	http.Handle("/metrics", promhttp.Handler())
 //
 // NewOutboxCollector adds the outbox's backlog per topic (pending rows,
@@ -120,7 +120,7 @@ func (m *Metrics) Relay() outbox.Hooks {
 }
 
 // Consumer returns the hooks to pass to consumer.WithHooks of the consumer
-// named name (its consumer.Config.Name), which labels its series so several
+// named name (the name given to consumer.New), which labels its series so several
 // consumers in one process stay apart. alert, if not nil, is also called
 // for every dead-lettered message.
 func (m *Metrics) Consumer(name string, alert ...func(consumer.DeadLetter)) consumer.Hooks {

@@ -20,6 +20,7 @@ import (
 
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/events"
+	"github.com/protoevents/protoevents/runtime/faultinject"
 	"github.com/protoevents/protoevents/runtime/outbox"
 )
 
@@ -65,8 +66,8 @@ func TestHelperOrchestrator(t *testing.T) {
 	brokers := strings.Split(os.Getenv(envChildBrokers), ",")
 
 	var started, commits atomic.Int64
-	hooks := Hooks{
-		InTransaction: func(tr Transition) {
+	points := faultinject.SagaPoints{
+		InTransaction: func(tr faultinject.Transition) {
 			if started.Add(1) < 2 {
 				return
 			}
@@ -79,20 +80,23 @@ func TestHelperOrchestrator(t *testing.T) {
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {} // the signal is on its way
 		},
-		TimerCommitted: func(Transition) { commits.Add(1) },
 	}
+	hooks := Hooks{TimerCommitted: func(Transition) { commits.Add(1) }}
 	wd.w = mustWriter(t)
 	main, timed := crashSagas(wd, t, hooks)
 	opts := append(consumerOptions(),
 		consumer.WithCommitInterval(time.Second), // offsets lag the DB commits: a kill forces redeliveries
-		consumer.WithFaults(consumer.Faults{AfterDBCommit: func(kafka.Message) error { commits.Add(1); return nil }}),
 		consumer.WithHooks(consumer.Hooks{Duplicate: func(events.Delivery, string) {
 			_, _ = pool.Exec(context.Background(), `INSERT INTO redeliveries DEFAULT VALUES`)
 		}}))
+	// The fault points travel in the Run context: the consumer's and the
+	// timeout runner's transitions both see them.
+	fctx := faultinject.Saga(ctx, points)
+	fctx = faultinject.Consumer(fctx, faultinject.ConsumerPoints{AfterDBCommit: func(kafka.Message) error { commits.Add(1); return nil }})
 	var wg sync.WaitGroup
 	for _, sg := range []*Saga[testData]{main, timed} {
 		wg.Go(func() {
-			if err := sg.Run(ctx, consumer.Config{Brokers: brokers, DB: pool}, opts...); err != nil {
+			if err := sg.Run(fctx, pool, brokers, opts...); err != nil {
 				t.Error(err)
 			}
 		})

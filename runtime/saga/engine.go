@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/protoevents/protoevents/runtime/events"
+	"github.com/protoevents/protoevents/runtime/internal/faults"
 )
 
 // Kinds of deadline a saga row may carry.
@@ -247,8 +248,12 @@ func (t *txn[D]) save() error {
 		return t.errorf("state moved under a FOR UPDATE lock (version %d)", t.st.version)
 	}
 	t.st.version++
-	if h := t.sg.s.hooks.InTransaction; h != nil {
-		h(t.transition())
+	// A test's fault point (runtime/faultinject), carried by the context of
+	// the Run the transition runs under: the reply consumer's (its handler
+	// contexts derive from it) or the timeout runner's.
+	if f := faults.SagaFrom(t.ctx).InTransaction; f != nil {
+		tr := t.transition()
+		f(faults.Transition{SagaID: tr.SagaID, Saga: tr.Saga, Kind: tr.Kind, Status: string(tr.Status), Step: tr.Step})
 	}
 	return nil
 }

@@ -11,7 +11,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"google.golang.org/protobuf/types/known/structpb"
 
-	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
 	"github.com/protoevents/protoevents/runtime/saga"
@@ -95,7 +94,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := sg.Run(ctx, consumer.Config{Brokers: []string{"localhost:9092"}, DB: pool}); err != nil {
+	if err := sg.Run(ctx, pool, []string{"localhost:9092"}); err != nil {
 		log.Fatal(err)
 	}
 }

@@ -181,13 +181,14 @@ func (wd *world) setBehaviour(fn func(sagaID, action string, n int) (ok, reply b
 
 // participant handles one command type: it counts the try, decides, applies
 // the effect (once, in the dedup transaction) and replies through its
-// outbox, caused by the command.
-func (wd *world) participant(action string) consumer.Handler {
+// outbox, caused by the command. It returns the command's descriptor and
+// the handler.
+func (wd *world) participant(action string) (*events.Descriptor, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testenv.Event) error) {
 	cmd, reply := "cmd-"+action, "reply-"+action
 	if strings.HasPrefix(action, "undo-") {
 		cmd, reply = action, "undo-reply-"+strings.TrimPrefix(action, "undo-")
 	}
-	return consumer.Bind(wd.ds[cmd], func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testenv.Event) error {
+	return wd.ds[cmd], func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testenv.Event) error {
 		id := meta.CorrelationID
 		var n int
 		if err := tx.QueryRow(ctx, `SELECT count(*) FROM tries WHERE saga_id = $1 AND action = $2`, id, action).Scan(&n); err != nil {
@@ -234,7 +235,7 @@ func (wd *world) participant(action string) consumer.Handler {
 		}
 		_, err := wd.w.Write(ctx, tx, wd.ds.event(reply, id, ok), events.CausedBy(meta))
 		return err
-	})
+	}
 }
 
 // consumerOptions are fast settings for tests.
@@ -260,9 +261,12 @@ func (wd *world) runParticipants(t *testing.T) {
 	runners = append(runners, relay)
 	for _, a := range actions {
 		for _, action := range []string{a, "undo-" + a} {
-			c, err := consumer.New(consumer.Config{Name: "participant-" + action, Brokers: wd.kafka.Brokers, DB: wd.pool},
-				wd.participant(action), consumerOptions()...)
+			c, err := consumer.New(wd.pool, wd.kafka.Brokers, "participant-"+action, consumerOptions()...)
 			if err != nil {
+				t.Fatal(err)
+			}
+			d, h := wd.participant(action)
+			if err := consumer.Handle(c, d, h); err != nil {
 				t.Fatal(err)
 			}
 			runners = append(runners, c)
@@ -290,7 +294,7 @@ func (wd *world) run(t *testing.T, rs ...interface{ Run(context.Context) error }
 func (wd *world) orchestrator(t *testing.T, sg *Saga[testData]) {
 	t.Helper()
 	wd.run(t, runFunc(func(ctx context.Context) error {
-		return sg.Run(ctx, consumer.Config{Brokers: wd.kafka.Brokers, DB: wd.pool}, consumerOptions()...)
+		return sg.Run(ctx, wd.pool, wd.kafka.Brokers, consumerOptions()...)
 	}))
 }
 

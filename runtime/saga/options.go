@@ -106,22 +106,19 @@ func WithLogger(l *slog.Logger) Option {
 	}
 }
 
-// WithHooks installs observability and fault-injection callbacks.
+// WithHooks installs observability callbacks. Fault injection is not an
+// option: tests arm it through Run's context (runtime/faultinject).
 func WithHooks(h Hooks) Option {
 	return func(s *settings) { s.hooks = h }
 }
 
-// Hooks are callbacks for metrics, tests and demos; every field is
-// optional and must be quick and safe for concurrent use.
+// Hooks are observability callbacks, for metrics, tests and demos; every
+// field is optional and must be quick and safe for concurrent use.
 type Hooks struct {
-	// InTransaction is called inside a transition's transaction, after its
-	// writes and before the commit: a crash here rolls the whole transition
-	// back.
-	InTransaction func(Transition)
 	// TimerCommitted is called after the timeout runner committed a
 	// transition it fired (a timeout or a compensation retry). Transitions
-	// driven by replies are committed by the consumer (see its
-	// Faults.AfterDBCommit); Start's by the caller.
+	// driven by replies are committed by the consumer (see consumer.Hooks,
+	// Processed); Start's by the caller.
 	TimerCommitted func(Transition)
 }
 

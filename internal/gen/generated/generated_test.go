@@ -155,26 +155,35 @@ func TestProducerRefusesNil(t *testing.T) {
 	}
 }
 
-func TestConsumerBindsHandler(t *testing.T) {
+func TestHandleRegistersHandler(t *testing.T) {
 	// pgxpool.New does not connect, so no server is needed to build one.
 	pool, err := pgxpool.New(context.Background(), "postgres://127.0.0.1:1/unused")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer pool.Close()
-	cfg := consumer.Config{Name: "test", Brokers: []string{"127.0.0.1:1"}, DB: pool}
-	if _, err := ordersv1.NewOrderPlacedConsumer(cfg, nil); err == nil || !strings.Contains(err.Error(), "nil handler") {
+	c, err := consumer.New(pool, []string{"127.0.0.1:1"}, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ordersv1.HandleOrderPlaced(c, nil); err == nil || !strings.Contains(err.Error(), "nil handler") {
 		t.Errorf("nil handler: %v", err)
 	}
-	if _, err := ordersv1.NewOrderPlacedConsumer(consumer.Config{Name: "test"}, func(context.Context, pgx.Tx, events.Meta, *ordersv1.OrderPlaced) error { return nil }); err == nil {
-		t.Error("a consumer without brokers and DB was accepted")
+	h := func(context.Context, pgx.Tx, events.Meta, *ordersv1.OrderPlaced) error { return nil }
+	if err := ordersv1.HandleOrderPlaced(nil, h); err == nil {
+		t.Error("a nil consumer was accepted")
 	}
-	c, err := ordersv1.NewOrderPlacedConsumer(cfg, func(context.Context, pgx.Tx, events.Meta, *ordersv1.OrderPlaced) error { return nil })
-	if err != nil || c == nil {
-		t.Fatalf("NewOrderPlacedConsumer: %v, %v", c, err)
+	if err := ordersv1.HandleOrderPlaced(c, h); err != nil {
+		t.Fatalf("HandleOrderPlaced: %v", err)
 	}
-	if got := c.DLQTopic(); got != ordersv1.OrderPlacedDLQTopic {
+	if err := ordersv1.HandleOrderPlaced(c, h); err == nil {
+		t.Error("a second handler of the same topic was accepted")
+	}
+	if got := c.DLQTopic(ordersv1.OrderPlacedTopic); got != ordersv1.OrderPlacedDLQTopic {
 		t.Errorf("consumer DLQ topic %q, want the descriptor's %q", got, ordersv1.OrderPlacedDLQTopic)
+	}
+	if got := c.Topics(); len(got) != 1 || got[0] != ordersv1.OrderPlacedTopic {
+		t.Errorf("topics %v, want [%s]", got, ordersv1.OrderPlacedTopic)
 	}
 }
 

@@ -118,26 +118,16 @@ func (p *Stock_AdjustedProducer) PublishBatch(ctx context.Context, tx outbox.Tx,
 // inventory.stock-adjusted.v1.dlq.
 type Stock_AdjustedHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *Stock_Adjusted) error
 
-// NewStock_AdjustedConsumer returns a consumer of topic
-// inventory.stock-adjusted.v1 that hands each inventory.v1.Stock.Adjusted event
-// to h exactly once per consumer name; start it with Run.
-func NewStock_AdjustedConsumer(cfg consumer.Config, h Stock_AdjustedHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("inventory.v1.Stock.Adjusted: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*Stock_Adjusted](Stock_AdjustedEvent, h), opts...)
-}
-
-// HandleStock_Adjusted registers h on the service consumer s as the handler of
+// HandleStock_Adjusted registers h on the consumer c as the handler of
 // inventory.v1.Stock.Adjusted events from topic inventory.stock-adjusted.v1:
 // each event is handed to h exactly once per consumer name, inside the dedup
-// transaction, and after the service's retries it goes to
-// inventory.stock-adjusted.v1.dlq. Call it before s.Run.
-func HandleStock_Adjusted(s *consumer.Service, h Stock_AdjustedHandler, opts ...consumer.HandlerOption) error {
+// transaction, and after the consumer's retries it goes to
+// inventory.stock-adjusted.v1.dlq. Call it before c.Run.
+func HandleStock_Adjusted(c *consumer.Consumer, h Stock_AdjustedHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("inventory.v1.Stock.Adjusted: handle: nil handler")
 	}
-	return consumer.Handle[*Stock_Adjusted](s, Stock_AdjustedEvent, h, opts...)
+	return consumer.Handle[*Stock_Adjusted](c, Stock_AdjustedEvent, h, opts...)
 }
 
 // Constants of the inventory.v1.ShelfScanned event.
@@ -233,26 +223,16 @@ func (p *ShelfScannedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, e
 // inventory.shelf-scanned.v1.dlq.
 type ShelfScannedHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ShelfScanned) error
 
-// NewShelfScannedConsumer returns a consumer of topic
-// inventory.shelf-scanned.v1 that hands each inventory.v1.ShelfScanned event to
-// h exactly once per consumer name; start it with Run.
-func NewShelfScannedConsumer(cfg consumer.Config, h ShelfScannedHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("inventory.v1.ShelfScanned: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*ShelfScanned](ShelfScannedEvent, h), opts...)
-}
-
-// HandleShelfScanned registers h on the service consumer s as the handler of
+// HandleShelfScanned registers h on the consumer c as the handler of
 // inventory.v1.ShelfScanned events from topic inventory.shelf-scanned.v1: each
 // event is handed to h exactly once per consumer name, inside the dedup
-// transaction, and after the service's retries it goes to
-// inventory.shelf-scanned.v1.dlq. Call it before s.Run.
-func HandleShelfScanned(s *consumer.Service, h ShelfScannedHandler, opts ...consumer.HandlerOption) error {
+// transaction, and after the consumer's retries it goes to
+// inventory.shelf-scanned.v1.dlq. Call it before c.Run.
+func HandleShelfScanned(c *consumer.Consumer, h ShelfScannedHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("inventory.v1.ShelfScanned: handle: nil handler")
 	}
-	return consumer.Handle[*ShelfScanned](s, ShelfScannedEvent, h, opts...)
+	return consumer.Handle[*ShelfScanned](c, ShelfScannedEvent, h, opts...)
 }
 
 // InventoryEvents lists the events declared in inventory/v1/inventory.proto,

@@ -138,26 +138,16 @@ func (p *OrderPlacedProducer) PublishWithSuperseded(ctx context.Context, tx outb
 // orders.order-placed.v2.dlq.
 type OrderPlacedHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *OrderPlaced) error
 
-// NewOrderPlacedConsumer returns a consumer of topic orders.order-placed.v2
-// that hands each orders.v2.OrderPlaced event to h exactly once per consumer
-// name; start it with Run.
-func NewOrderPlacedConsumer(cfg consumer.Config, h OrderPlacedHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("orders.v2.OrderPlaced: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*OrderPlaced](OrderPlacedEvent, h), opts...)
-}
-
-// HandleOrderPlaced registers h on the service consumer s as the handler of
+// HandleOrderPlaced registers h on the consumer c as the handler of
 // orders.v2.OrderPlaced events from topic orders.order-placed.v2: each event is
 // handed to h exactly once per consumer name, inside the dedup transaction, and
-// after the service's retries it goes to orders.order-placed.v2.dlq. Call it
-// before s.Run.
-func HandleOrderPlaced(s *consumer.Service, h OrderPlacedHandler, opts ...consumer.HandlerOption) error {
+// after the consumer's retries it goes to orders.order-placed.v2.dlq. Call it
+// before c.Run.
+func HandleOrderPlaced(c *consumer.Consumer, h OrderPlacedHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("orders.v2.OrderPlaced: handle: nil handler")
 	}
-	return consumer.Handle[*OrderPlaced](s, OrderPlacedEvent, h, opts...)
+	return consumer.Handle[*OrderPlaced](c, OrderPlacedEvent, h, opts...)
 }
 
 // OrdersEvents lists the events declared in orders/v2/orders.proto, for the

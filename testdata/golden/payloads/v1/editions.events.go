@@ -111,26 +111,16 @@ func (p *EditionProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []
 // once the consumer's attempts are used up it goes to payloads.edition.v1.dlq.
 type EditionHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *Edition) error
 
-// NewEditionConsumer returns a consumer of topic payloads.edition.v1 that hands
-// each payloads.v1.Edition event to h exactly once per consumer name; start it
-// with Run.
-func NewEditionConsumer(cfg consumer.Config, h EditionHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("payloads.v1.Edition: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*Edition](EditionEvent, h), opts...)
-}
-
-// HandleEdition registers h on the service consumer s as the handler of
+// HandleEdition registers h on the consumer c as the handler of
 // payloads.v1.Edition events from topic payloads.edition.v1: each event is
 // handed to h exactly once per consumer name, inside the dedup transaction, and
-// after the service's retries it goes to payloads.edition.v1.dlq. Call it
-// before s.Run.
-func HandleEdition(s *consumer.Service, h EditionHandler, opts ...consumer.HandlerOption) error {
+// after the consumer's retries it goes to payloads.edition.v1.dlq. Call it
+// before c.Run.
+func HandleEdition(c *consumer.Consumer, h EditionHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("payloads.v1.Edition: handle: nil handler")
 	}
-	return consumer.Handle[*Edition](s, EditionEvent, h, opts...)
+	return consumer.Handle[*Edition](c, EditionEvent, h, opts...)
 }
 
 // EditionsEvents lists the events declared in payloads/v1/editions.proto, for

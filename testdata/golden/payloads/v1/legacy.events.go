@@ -111,26 +111,16 @@ func (p *LegacyProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []*
 // once the consumer's attempts are used up it goes to payloads.legacy.v1.dlq.
 type LegacyHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *Legacy) error
 
-// NewLegacyConsumer returns a consumer of topic payloads.legacy.v1 that hands
-// each payloads.v1.Legacy event to h exactly once per consumer name; start it
-// with Run.
-func NewLegacyConsumer(cfg consumer.Config, h LegacyHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("payloads.v1.Legacy: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*Legacy](LegacyEvent, h), opts...)
-}
-
-// HandleLegacy registers h on the service consumer s as the handler of
+// HandleLegacy registers h on the consumer c as the handler of
 // payloads.v1.Legacy events from topic payloads.legacy.v1: each event is handed
 // to h exactly once per consumer name, inside the dedup transaction, and after
-// the service's retries it goes to payloads.legacy.v1.dlq. Call it before
-// s.Run.
-func HandleLegacy(s *consumer.Service, h LegacyHandler, opts ...consumer.HandlerOption) error {
+// the consumer's retries it goes to payloads.legacy.v1.dlq. Call it before
+// c.Run.
+func HandleLegacy(c *consumer.Consumer, h LegacyHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("payloads.v1.Legacy: handle: nil handler")
 	}
-	return consumer.Handle[*Legacy](s, LegacyEvent, h, opts...)
+	return consumer.Handle[*Legacy](c, LegacyEvent, h, opts...)
 }
 
 // LegacyEvents lists the events declared in payloads/v1/legacy.proto, for the

@@ -117,26 +117,16 @@ func (p *EverythingProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs
 // payloads.everything.v1.dlq.
 type EverythingHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *Everything) error
 
-// NewEverythingConsumer returns a consumer of topic payloads.everything.v1 that
-// hands each payloads.v1.Everything event to h exactly once per consumer name;
-// start it with Run.
-func NewEverythingConsumer(cfg consumer.Config, h EverythingHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("payloads.v1.Everything: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*Everything](EverythingEvent, h), opts...)
-}
-
-// HandleEverything registers h on the service consumer s as the handler of
+// HandleEverything registers h on the consumer c as the handler of
 // payloads.v1.Everything events from topic payloads.everything.v1: each event
 // is handed to h exactly once per consumer name, inside the dedup transaction,
-// and after the service's retries it goes to payloads.everything.v1.dlq. Call
-// it before s.Run.
-func HandleEverything(s *consumer.Service, h EverythingHandler, opts ...consumer.HandlerOption) error {
+// and after the consumer's retries it goes to payloads.everything.v1.dlq. Call
+// it before c.Run.
+func HandleEverything(c *consumer.Consumer, h EverythingHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("payloads.v1.Everything: handle: nil handler")
 	}
-	return consumer.Handle[*Everything](s, EverythingEvent, h, opts...)
+	return consumer.Handle[*Everything](c, EverythingEvent, h, opts...)
 }
 
 // Constants of the payloads.v1.Nothing event.
@@ -226,26 +216,16 @@ func (p *NothingProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs []
 // once the consumer's attempts are used up it goes to payloads.nothing.v1.dlq.
 type NothingHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *Nothing) error
 
-// NewNothingConsumer returns a consumer of topic payloads.nothing.v1 that hands
-// each payloads.v1.Nothing event to h exactly once per consumer name; start it
-// with Run.
-func NewNothingConsumer(cfg consumer.Config, h NothingHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("payloads.v1.Nothing: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*Nothing](NothingEvent, h), opts...)
-}
-
-// HandleNothing registers h on the service consumer s as the handler of
+// HandleNothing registers h on the consumer c as the handler of
 // payloads.v1.Nothing events from topic payloads.nothing.v1: each event is
 // handed to h exactly once per consumer name, inside the dedup transaction, and
-// after the service's retries it goes to payloads.nothing.v1.dlq. Call it
-// before s.Run.
-func HandleNothing(s *consumer.Service, h NothingHandler, opts ...consumer.HandlerOption) error {
+// after the consumer's retries it goes to payloads.nothing.v1.dlq. Call it
+// before c.Run.
+func HandleNothing(c *consumer.Consumer, h NothingHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("payloads.v1.Nothing: handle: nil handler")
 	}
-	return consumer.Handle[*Nothing](s, NothingEvent, h, opts...)
+	return consumer.Handle[*Nothing](c, NothingEvent, h, opts...)
 }
 
 // PayloadsEvents lists the events declared in payloads/v1/payloads.proto, for

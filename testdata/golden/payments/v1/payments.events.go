@@ -119,26 +119,16 @@ func (p *PaymentCapturedProducer) PublishBatch(ctx context.Context, tx outbox.Tx
 // payments.payment-captured.v1.dlq.
 type PaymentCapturedHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *PaymentCaptured) error
 
-// NewPaymentCapturedConsumer returns a consumer of topic
-// payments.payment-captured.v1 that hands each payments.v1.PaymentCaptured
-// event to h exactly once per consumer name; start it with Run.
-func NewPaymentCapturedConsumer(cfg consumer.Config, h PaymentCapturedHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("payments.v1.PaymentCaptured: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*PaymentCaptured](PaymentCapturedEvent, h), opts...)
-}
-
-// HandlePaymentCaptured registers h on the service consumer s as the handler of
+// HandlePaymentCaptured registers h on the consumer c as the handler of
 // payments.v1.PaymentCaptured events from topic payments.payment-captured.v1:
 // each event is handed to h exactly once per consumer name, inside the dedup
-// transaction, and after the service's retries it goes to
-// payments.payment-captured.v1.dlq. Call it before s.Run.
-func HandlePaymentCaptured(s *consumer.Service, h PaymentCapturedHandler, opts ...consumer.HandlerOption) error {
+// transaction, and after the consumer's retries it goes to
+// payments.payment-captured.v1.dlq. Call it before c.Run.
+func HandlePaymentCaptured(c *consumer.Consumer, h PaymentCapturedHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("payments.v1.PaymentCaptured: handle: nil handler")
 	}
-	return consumer.Handle[*PaymentCaptured](s, PaymentCapturedEvent, h, opts...)
+	return consumer.Handle[*PaymentCaptured](c, PaymentCapturedEvent, h, opts...)
 }
 
 // Constants of the payments.v1.LedgerEntryPosted event.
@@ -235,26 +225,16 @@ func (p *LedgerEntryPostedProducer) PublishBatch(ctx context.Context, tx outbox.
 // payments.ledger-entry-posted.v1.dlq.
 type LedgerEntryPostedHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *LedgerEntryPosted) error
 
-// NewLedgerEntryPostedConsumer returns a consumer of topic
-// payments.ledger-entry-posted.v1 that hands each payments.v1.LedgerEntryPosted
-// event to h exactly once per consumer name; start it with Run.
-func NewLedgerEntryPostedConsumer(cfg consumer.Config, h LedgerEntryPostedHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("payments.v1.LedgerEntryPosted: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*LedgerEntryPosted](LedgerEntryPostedEvent, h), opts...)
-}
-
-// HandleLedgerEntryPosted registers h on the service consumer s as the handler
-// of payments.v1.LedgerEntryPosted events from topic
+// HandleLedgerEntryPosted registers h on the consumer c as the handler of
+// payments.v1.LedgerEntryPosted events from topic
 // payments.ledger-entry-posted.v1: each event is handed to h exactly once per
-// consumer name, inside the dedup transaction, and after the service's retries
-// it goes to payments.ledger-entry-posted.v1.dlq. Call it before s.Run.
-func HandleLedgerEntryPosted(s *consumer.Service, h LedgerEntryPostedHandler, opts ...consumer.HandlerOption) error {
+// consumer name, inside the dedup transaction, and after the consumer's retries
+// it goes to payments.ledger-entry-posted.v1.dlq. Call it before c.Run.
+func HandleLedgerEntryPosted(c *consumer.Consumer, h LedgerEntryPostedHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("payments.v1.LedgerEntryPosted: handle: nil handler")
 	}
-	return consumer.Handle[*LedgerEntryPosted](s, LedgerEntryPostedEvent, h, opts...)
+	return consumer.Handle[*LedgerEntryPosted](c, LedgerEntryPostedEvent, h, opts...)
 }
 
 // Constants of the payments.v1.CardFingerprinted event.
@@ -348,26 +328,16 @@ func (p *CardFingerprintedProducer) PublishBatch(ctx context.Context, tx outbox.
 // payments.card-fingerprinted.v1.dlq.
 type CardFingerprintedHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *CardFingerprinted) error
 
-// NewCardFingerprintedConsumer returns a consumer of topic
-// payments.card-fingerprinted.v1 that hands each payments.v1.CardFingerprinted
-// event to h exactly once per consumer name; start it with Run.
-func NewCardFingerprintedConsumer(cfg consumer.Config, h CardFingerprintedHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("payments.v1.CardFingerprinted: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*CardFingerprinted](CardFingerprintedEvent, h), opts...)
-}
-
-// HandleCardFingerprinted registers h on the service consumer s as the handler
-// of payments.v1.CardFingerprinted events from topic
+// HandleCardFingerprinted registers h on the consumer c as the handler of
+// payments.v1.CardFingerprinted events from topic
 // payments.card-fingerprinted.v1: each event is handed to h exactly once per
-// consumer name, inside the dedup transaction, and after the service's retries
-// it goes to payments.card-fingerprinted.v1.dlq. Call it before s.Run.
-func HandleCardFingerprinted(s *consumer.Service, h CardFingerprintedHandler, opts ...consumer.HandlerOption) error {
+// consumer name, inside the dedup transaction, and after the consumer's retries
+// it goes to payments.card-fingerprinted.v1.dlq. Call it before c.Run.
+func HandleCardFingerprinted(c *consumer.Consumer, h CardFingerprintedHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("payments.v1.CardFingerprinted: handle: nil handler")
 	}
-	return consumer.Handle[*CardFingerprinted](s, CardFingerprintedEvent, h, opts...)
+	return consumer.Handle[*CardFingerprinted](c, CardFingerprintedEvent, h, opts...)
 }
 
 // Constants of the payments.v1.RefundRequested event.
@@ -461,26 +431,16 @@ func (p *RefundRequestedProducer) PublishBatch(ctx context.Context, tx outbox.Tx
 // payments.refund-requested.v1.dlq.
 type RefundRequestedHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *RefundRequested) error
 
-// NewRefundRequestedConsumer returns a consumer of topic
-// payments.refund-requested.v1 that hands each payments.v1.RefundRequested
-// event to h exactly once per consumer name; start it with Run.
-func NewRefundRequestedConsumer(cfg consumer.Config, h RefundRequestedHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("payments.v1.RefundRequested: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*RefundRequested](RefundRequestedEvent, h), opts...)
-}
-
-// HandleRefundRequested registers h on the service consumer s as the handler of
+// HandleRefundRequested registers h on the consumer c as the handler of
 // payments.v1.RefundRequested events from topic payments.refund-requested.v1:
 // each event is handed to h exactly once per consumer name, inside the dedup
-// transaction, and after the service's retries it goes to
-// payments.refund-requested.v1.dlq. Call it before s.Run.
-func HandleRefundRequested(s *consumer.Service, h RefundRequestedHandler, opts ...consumer.HandlerOption) error {
+// transaction, and after the consumer's retries it goes to
+// payments.refund-requested.v1.dlq. Call it before c.Run.
+func HandleRefundRequested(c *consumer.Consumer, h RefundRequestedHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("payments.v1.RefundRequested: handle: nil handler")
 	}
-	return consumer.Handle[*RefundRequested](s, RefundRequestedEvent, h, opts...)
+	return consumer.Handle[*RefundRequested](c, RefundRequestedEvent, h, opts...)
 }
 
 // PaymentsEvents lists the events declared in payments/v1/payments.proto, for

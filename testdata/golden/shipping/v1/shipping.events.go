@@ -113,26 +113,16 @@ func (p *ParcelShippedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, 
 // shipping.parcel-shipped.v1.dlq.
 type ParcelShippedHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ParcelShipped) error
 
-// NewParcelShippedConsumer returns a consumer of topic
-// shipping.parcel-shipped.v1 that hands each shipping.v1.ParcelShipped event to
-// h exactly once per consumer name; start it with Run.
-func NewParcelShippedConsumer(cfg consumer.Config, h ParcelShippedHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("shipping.v1.ParcelShipped: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*ParcelShipped](ParcelShippedEvent, h), opts...)
-}
-
-// HandleParcelShipped registers h on the service consumer s as the handler of
+// HandleParcelShipped registers h on the consumer c as the handler of
 // shipping.v1.ParcelShipped events from topic shipping.parcel-shipped.v1: each
 // event is handed to h exactly once per consumer name, inside the dedup
-// transaction, and after the service's retries it goes to
-// shipping.parcel-shipped.v1.dlq. Call it before s.Run.
-func HandleParcelShipped(s *consumer.Service, h ParcelShippedHandler, opts ...consumer.HandlerOption) error {
+// transaction, and after the consumer's retries it goes to
+// shipping.parcel-shipped.v1.dlq. Call it before c.Run.
+func HandleParcelShipped(c *consumer.Consumer, h ParcelShippedHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("shipping.v1.ParcelShipped: handle: nil handler")
 	}
-	return consumer.Handle[*ParcelShipped](s, ParcelShippedEvent, h, opts...)
+	return consumer.Handle[*ParcelShipped](c, ParcelShippedEvent, h, opts...)
 }
 
 // ShippingProtoEvents lists the events declared in shipping/v1/shipping.proto,

@@ -114,26 +114,16 @@ func (p *OrderPlacedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, ev
 // shop.orders.order-placed.v1.dlq.
 type OrderPlacedHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *OrderPlaced) error
 
-// NewOrderPlacedConsumer returns a consumer of topic
-// shop.orders.order-placed.v1 that hands each shop.orders.v1.OrderPlaced event
-// to h exactly once per consumer name; start it with Run.
-func NewOrderPlacedConsumer(cfg consumer.Config, h OrderPlacedHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("shop.orders.v1.OrderPlaced: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*OrderPlaced](OrderPlacedEvent, h), opts...)
-}
-
-// HandleOrderPlaced registers h on the service consumer s as the handler of
+// HandleOrderPlaced registers h on the consumer c as the handler of
 // shop.orders.v1.OrderPlaced events from topic shop.orders.order-placed.v1:
 // each event is handed to h exactly once per consumer name, inside the dedup
-// transaction, and after the service's retries it goes to
-// shop.orders.order-placed.v1.dlq. Call it before s.Run.
-func HandleOrderPlaced(s *consumer.Service, h OrderPlacedHandler, opts ...consumer.HandlerOption) error {
+// transaction, and after the consumer's retries it goes to
+// shop.orders.order-placed.v1.dlq. Call it before c.Run.
+func HandleOrderPlaced(c *consumer.Consumer, h OrderPlacedHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("shop.orders.v1.OrderPlaced: handle: nil handler")
 	}
-	return consumer.Handle[*OrderPlaced](s, OrderPlacedEvent, h, opts...)
+	return consumer.Handle[*OrderPlaced](c, OrderPlacedEvent, h, opts...)
 }
 
 // Constants of the shop.orders.v1.OrderCancelled event.
@@ -227,26 +217,16 @@ func (p *OrderCancelledProducer) PublishBatch(ctx context.Context, tx outbox.Tx,
 // shop.orders.order-cancelled.v1.dlq.
 type OrderCancelledHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *OrderCancelled) error
 
-// NewOrderCancelledConsumer returns a consumer of topic
-// shop.orders.order-cancelled.v1 that hands each shop.orders.v1.OrderCancelled
-// event to h exactly once per consumer name; start it with Run.
-func NewOrderCancelledConsumer(cfg consumer.Config, h OrderCancelledHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("shop.orders.v1.OrderCancelled: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*OrderCancelled](OrderCancelledEvent, h), opts...)
-}
-
-// HandleOrderCancelled registers h on the service consumer s as the handler of
+// HandleOrderCancelled registers h on the consumer c as the handler of
 // shop.orders.v1.OrderCancelled events from topic
 // shop.orders.order-cancelled.v1: each event is handed to h exactly once per
-// consumer name, inside the dedup transaction, and after the service's retries
-// it goes to shop.orders.order-cancelled.v1.dlq. Call it before s.Run.
-func HandleOrderCancelled(s *consumer.Service, h OrderCancelledHandler, opts ...consumer.HandlerOption) error {
+// consumer name, inside the dedup transaction, and after the consumer's retries
+// it goes to shop.orders.order-cancelled.v1.dlq. Call it before c.Run.
+func HandleOrderCancelled(c *consumer.Consumer, h OrderCancelledHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("shop.orders.v1.OrderCancelled: handle: nil handler")
 	}
-	return consumer.Handle[*OrderCancelled](s, OrderCancelledEvent, h, opts...)
+	return consumer.Handle[*OrderCancelled](c, OrderCancelledEvent, h, opts...)
 }
 
 // OrdersEvents lists the events declared in shop/orders/v1/orders.proto, for

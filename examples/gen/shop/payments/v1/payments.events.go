@@ -113,26 +113,16 @@ func (p *ChargeCardProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs
 // shop.payments.charge-card.v1.dlq.
 type ChargeCardHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ChargeCard) error
 
-// NewChargeCardConsumer returns a consumer of topic
-// shop.payments.charge-card.v1 that hands each shop.payments.v1.ChargeCard
-// event to h exactly once per consumer name; start it with Run.
-func NewChargeCardConsumer(cfg consumer.Config, h ChargeCardHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("shop.payments.v1.ChargeCard: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*ChargeCard](ChargeCardEvent, h), opts...)
-}
-
-// HandleChargeCard registers h on the service consumer s as the handler of
+// HandleChargeCard registers h on the consumer c as the handler of
 // shop.payments.v1.ChargeCard events from topic shop.payments.charge-card.v1:
 // each event is handed to h exactly once per consumer name, inside the dedup
-// transaction, and after the service's retries it goes to
-// shop.payments.charge-card.v1.dlq. Call it before s.Run.
-func HandleChargeCard(s *consumer.Service, h ChargeCardHandler, opts ...consumer.HandlerOption) error {
+// transaction, and after the consumer's retries it goes to
+// shop.payments.charge-card.v1.dlq. Call it before c.Run.
+func HandleChargeCard(c *consumer.Consumer, h ChargeCardHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("shop.payments.v1.ChargeCard: handle: nil handler")
 	}
-	return consumer.Handle[*ChargeCard](s, ChargeCardEvent, h, opts...)
+	return consumer.Handle[*ChargeCard](c, ChargeCardEvent, h, opts...)
 }
 
 // Constants of the shop.payments.v1.CardCharged event.
@@ -226,26 +216,16 @@ func (p *CardChargedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, ev
 // shop.payments.card-charged.v1.dlq.
 type CardChargedHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *CardCharged) error
 
-// NewCardChargedConsumer returns a consumer of topic
-// shop.payments.card-charged.v1 that hands each shop.payments.v1.CardCharged
-// event to h exactly once per consumer name; start it with Run.
-func NewCardChargedConsumer(cfg consumer.Config, h CardChargedHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("shop.payments.v1.CardCharged: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*CardCharged](CardChargedEvent, h), opts...)
-}
-
-// HandleCardCharged registers h on the service consumer s as the handler of
+// HandleCardCharged registers h on the consumer c as the handler of
 // shop.payments.v1.CardCharged events from topic shop.payments.card-charged.v1:
 // each event is handed to h exactly once per consumer name, inside the dedup
-// transaction, and after the service's retries it goes to
-// shop.payments.card-charged.v1.dlq. Call it before s.Run.
-func HandleCardCharged(s *consumer.Service, h CardChargedHandler, opts ...consumer.HandlerOption) error {
+// transaction, and after the consumer's retries it goes to
+// shop.payments.card-charged.v1.dlq. Call it before c.Run.
+func HandleCardCharged(c *consumer.Consumer, h CardChargedHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("shop.payments.v1.CardCharged: handle: nil handler")
 	}
-	return consumer.Handle[*CardCharged](s, CardChargedEvent, h, opts...)
+	return consumer.Handle[*CardCharged](c, CardChargedEvent, h, opts...)
 }
 
 // Constants of the shop.payments.v1.CardDeclined event.
@@ -339,26 +319,16 @@ func (p *CardDeclinedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, e
 // shop.payments.card-declined.v1.dlq.
 type CardDeclinedHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *CardDeclined) error
 
-// NewCardDeclinedConsumer returns a consumer of topic
-// shop.payments.card-declined.v1 that hands each shop.payments.v1.CardDeclined
-// event to h exactly once per consumer name; start it with Run.
-func NewCardDeclinedConsumer(cfg consumer.Config, h CardDeclinedHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("shop.payments.v1.CardDeclined: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*CardDeclined](CardDeclinedEvent, h), opts...)
-}
-
-// HandleCardDeclined registers h on the service consumer s as the handler of
+// HandleCardDeclined registers h on the consumer c as the handler of
 // shop.payments.v1.CardDeclined events from topic
 // shop.payments.card-declined.v1: each event is handed to h exactly once per
-// consumer name, inside the dedup transaction, and after the service's retries
-// it goes to shop.payments.card-declined.v1.dlq. Call it before s.Run.
-func HandleCardDeclined(s *consumer.Service, h CardDeclinedHandler, opts ...consumer.HandlerOption) error {
+// consumer name, inside the dedup transaction, and after the consumer's retries
+// it goes to shop.payments.card-declined.v1.dlq. Call it before c.Run.
+func HandleCardDeclined(c *consumer.Consumer, h CardDeclinedHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("shop.payments.v1.CardDeclined: handle: nil handler")
 	}
-	return consumer.Handle[*CardDeclined](s, CardDeclinedEvent, h, opts...)
+	return consumer.Handle[*CardDeclined](c, CardDeclinedEvent, h, opts...)
 }
 
 // Constants of the shop.payments.v1.RefundCard event.
@@ -451,26 +421,16 @@ func (p *RefundCardProducer) PublishBatch(ctx context.Context, tx outbox.Tx, evs
 // shop.payments.refund-card.v1.dlq.
 type RefundCardHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *RefundCard) error
 
-// NewRefundCardConsumer returns a consumer of topic
-// shop.payments.refund-card.v1 that hands each shop.payments.v1.RefundCard
-// event to h exactly once per consumer name; start it with Run.
-func NewRefundCardConsumer(cfg consumer.Config, h RefundCardHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("shop.payments.v1.RefundCard: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*RefundCard](RefundCardEvent, h), opts...)
-}
-
-// HandleRefundCard registers h on the service consumer s as the handler of
+// HandleRefundCard registers h on the consumer c as the handler of
 // shop.payments.v1.RefundCard events from topic shop.payments.refund-card.v1:
 // each event is handed to h exactly once per consumer name, inside the dedup
-// transaction, and after the service's retries it goes to
-// shop.payments.refund-card.v1.dlq. Call it before s.Run.
-func HandleRefundCard(s *consumer.Service, h RefundCardHandler, opts ...consumer.HandlerOption) error {
+// transaction, and after the consumer's retries it goes to
+// shop.payments.refund-card.v1.dlq. Call it before c.Run.
+func HandleRefundCard(c *consumer.Consumer, h RefundCardHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("shop.payments.v1.RefundCard: handle: nil handler")
 	}
-	return consumer.Handle[*RefundCard](s, RefundCardEvent, h, opts...)
+	return consumer.Handle[*RefundCard](c, RefundCardEvent, h, opts...)
 }
 
 // Constants of the shop.payments.v1.CardRefunded event.
@@ -564,26 +524,16 @@ func (p *CardRefundedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, e
 // shop.payments.card-refunded.v1.dlq.
 type CardRefundedHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *CardRefunded) error
 
-// NewCardRefundedConsumer returns a consumer of topic
-// shop.payments.card-refunded.v1 that hands each shop.payments.v1.CardRefunded
-// event to h exactly once per consumer name; start it with Run.
-func NewCardRefundedConsumer(cfg consumer.Config, h CardRefundedHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("shop.payments.v1.CardRefunded: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*CardRefunded](CardRefundedEvent, h), opts...)
-}
-
-// HandleCardRefunded registers h on the service consumer s as the handler of
+// HandleCardRefunded registers h on the consumer c as the handler of
 // shop.payments.v1.CardRefunded events from topic
 // shop.payments.card-refunded.v1: each event is handed to h exactly once per
-// consumer name, inside the dedup transaction, and after the service's retries
-// it goes to shop.payments.card-refunded.v1.dlq. Call it before s.Run.
-func HandleCardRefunded(s *consumer.Service, h CardRefundedHandler, opts ...consumer.HandlerOption) error {
+// consumer name, inside the dedup transaction, and after the consumer's retries
+// it goes to shop.payments.card-refunded.v1.dlq. Call it before c.Run.
+func HandleCardRefunded(c *consumer.Consumer, h CardRefundedHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("shop.payments.v1.CardRefunded: handle: nil handler")
 	}
-	return consumer.Handle[*CardRefunded](s, CardRefundedEvent, h, opts...)
+	return consumer.Handle[*CardRefunded](c, CardRefundedEvent, h, opts...)
 }
 
 // Constants of the shop.payments.v1.RefundFailed event.
@@ -677,26 +627,16 @@ func (p *RefundFailedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, e
 // shop.payments.refund-failed.v1.dlq.
 type RefundFailedHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *RefundFailed) error
 
-// NewRefundFailedConsumer returns a consumer of topic
-// shop.payments.refund-failed.v1 that hands each shop.payments.v1.RefundFailed
-// event to h exactly once per consumer name; start it with Run.
-func NewRefundFailedConsumer(cfg consumer.Config, h RefundFailedHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("shop.payments.v1.RefundFailed: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*RefundFailed](RefundFailedEvent, h), opts...)
-}
-
-// HandleRefundFailed registers h on the service consumer s as the handler of
+// HandleRefundFailed registers h on the consumer c as the handler of
 // shop.payments.v1.RefundFailed events from topic
 // shop.payments.refund-failed.v1: each event is handed to h exactly once per
-// consumer name, inside the dedup transaction, and after the service's retries
-// it goes to shop.payments.refund-failed.v1.dlq. Call it before s.Run.
-func HandleRefundFailed(s *consumer.Service, h RefundFailedHandler, opts ...consumer.HandlerOption) error {
+// consumer name, inside the dedup transaction, and after the consumer's retries
+// it goes to shop.payments.refund-failed.v1.dlq. Call it before c.Run.
+func HandleRefundFailed(c *consumer.Consumer, h RefundFailedHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("shop.payments.v1.RefundFailed: handle: nil handler")
 	}
-	return consumer.Handle[*RefundFailed](s, RefundFailedEvent, h, opts...)
+	return consumer.Handle[*RefundFailed](c, RefundFailedEvent, h, opts...)
 }
 
 // PaymentsEvents lists the events declared in shop/payments/v1/payments.proto,

@@ -114,28 +114,17 @@ func (p *ScheduleShippingProducer) PublishBatch(ctx context.Context, tx outbox.T
 // shop.shipping.schedule-shipping.v1.dlq.
 type ScheduleShippingHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ScheduleShipping) error
 
-// NewScheduleShippingConsumer returns a consumer of topic
-// shop.shipping.schedule-shipping.v1 that hands each
-// shop.shipping.v1.ScheduleShipping event to h exactly once per consumer name;
-// start it with Run.
-func NewScheduleShippingConsumer(cfg consumer.Config, h ScheduleShippingHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("shop.shipping.v1.ScheduleShipping: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*ScheduleShipping](ScheduleShippingEvent, h), opts...)
-}
-
-// HandleScheduleShipping registers h on the service consumer s as the handler
-// of shop.shipping.v1.ScheduleShipping events from topic
+// HandleScheduleShipping registers h on the consumer c as the handler of
+// shop.shipping.v1.ScheduleShipping events from topic
 // shop.shipping.schedule-shipping.v1: each event is handed to h exactly once
-// per consumer name, inside the dedup transaction, and after the service's
+// per consumer name, inside the dedup transaction, and after the consumer's
 // retries it goes to shop.shipping.schedule-shipping.v1.dlq. Call it before
-// s.Run.
-func HandleScheduleShipping(s *consumer.Service, h ScheduleShippingHandler, opts ...consumer.HandlerOption) error {
+// c.Run.
+func HandleScheduleShipping(c *consumer.Consumer, h ScheduleShippingHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("shop.shipping.v1.ScheduleShipping: handle: nil handler")
 	}
-	return consumer.Handle[*ScheduleShipping](s, ScheduleShippingEvent, h, opts...)
+	return consumer.Handle[*ScheduleShipping](c, ScheduleShippingEvent, h, opts...)
 }
 
 // Constants of the shop.shipping.v1.ShippingScheduled event.
@@ -229,28 +218,17 @@ func (p *ShippingScheduledProducer) PublishBatch(ctx context.Context, tx outbox.
 // shop.shipping.shipping-scheduled.v1.dlq.
 type ShippingScheduledHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ShippingScheduled) error
 
-// NewShippingScheduledConsumer returns a consumer of topic
-// shop.shipping.shipping-scheduled.v1 that hands each
-// shop.shipping.v1.ShippingScheduled event to h exactly once per consumer name;
-// start it with Run.
-func NewShippingScheduledConsumer(cfg consumer.Config, h ShippingScheduledHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("shop.shipping.v1.ShippingScheduled: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*ShippingScheduled](ShippingScheduledEvent, h), opts...)
-}
-
-// HandleShippingScheduled registers h on the service consumer s as the handler
-// of shop.shipping.v1.ShippingScheduled events from topic
+// HandleShippingScheduled registers h on the consumer c as the handler of
+// shop.shipping.v1.ShippingScheduled events from topic
 // shop.shipping.shipping-scheduled.v1: each event is handed to h exactly once
-// per consumer name, inside the dedup transaction, and after the service's
+// per consumer name, inside the dedup transaction, and after the consumer's
 // retries it goes to shop.shipping.shipping-scheduled.v1.dlq. Call it before
-// s.Run.
-func HandleShippingScheduled(s *consumer.Service, h ShippingScheduledHandler, opts ...consumer.HandlerOption) error {
+// c.Run.
+func HandleShippingScheduled(c *consumer.Consumer, h ShippingScheduledHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("shop.shipping.v1.ShippingScheduled: handle: nil handler")
 	}
-	return consumer.Handle[*ShippingScheduled](s, ShippingScheduledEvent, h, opts...)
+	return consumer.Handle[*ShippingScheduled](c, ShippingScheduledEvent, h, opts...)
 }
 
 // Constants of the shop.shipping.v1.ShippingRefused event.
@@ -344,27 +322,16 @@ func (p *ShippingRefusedProducer) PublishBatch(ctx context.Context, tx outbox.Tx
 // shop.shipping.shipping-refused.v1.dlq.
 type ShippingRefusedHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ShippingRefused) error
 
-// NewShippingRefusedConsumer returns a consumer of topic
-// shop.shipping.shipping-refused.v1 that hands each
-// shop.shipping.v1.ShippingRefused event to h exactly once per consumer name;
-// start it with Run.
-func NewShippingRefusedConsumer(cfg consumer.Config, h ShippingRefusedHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("shop.shipping.v1.ShippingRefused: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*ShippingRefused](ShippingRefusedEvent, h), opts...)
-}
-
-// HandleShippingRefused registers h on the service consumer s as the handler of
+// HandleShippingRefused registers h on the consumer c as the handler of
 // shop.shipping.v1.ShippingRefused events from topic
 // shop.shipping.shipping-refused.v1: each event is handed to h exactly once per
-// consumer name, inside the dedup transaction, and after the service's retries
-// it goes to shop.shipping.shipping-refused.v1.dlq. Call it before s.Run.
-func HandleShippingRefused(s *consumer.Service, h ShippingRefusedHandler, opts ...consumer.HandlerOption) error {
+// consumer name, inside the dedup transaction, and after the consumer's retries
+// it goes to shop.shipping.shipping-refused.v1.dlq. Call it before c.Run.
+func HandleShippingRefused(c *consumer.Consumer, h ShippingRefusedHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("shop.shipping.v1.ShippingRefused: handle: nil handler")
 	}
-	return consumer.Handle[*ShippingRefused](s, ShippingRefusedEvent, h, opts...)
+	return consumer.Handle[*ShippingRefused](c, ShippingRefusedEvent, h, opts...)
 }
 
 // SchedulingEvents lists the events declared in

@@ -114,27 +114,16 @@ func (p *ShipmentCreatedProducer) PublishBatch(ctx context.Context, tx outbox.Tx
 // shop.shipping.shipment-created.v1.dlq.
 type ShipmentCreatedHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ShipmentCreated) error
 
-// NewShipmentCreatedConsumer returns a consumer of topic
-// shop.shipping.shipment-created.v1 that hands each
-// shop.shipping.v1.ShipmentCreated event to h exactly once per consumer name;
-// start it with Run.
-func NewShipmentCreatedConsumer(cfg consumer.Config, h ShipmentCreatedHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("shop.shipping.v1.ShipmentCreated: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*ShipmentCreated](ShipmentCreatedEvent, h), opts...)
-}
-
-// HandleShipmentCreated registers h on the service consumer s as the handler of
+// HandleShipmentCreated registers h on the consumer c as the handler of
 // shop.shipping.v1.ShipmentCreated events from topic
 // shop.shipping.shipment-created.v1: each event is handed to h exactly once per
-// consumer name, inside the dedup transaction, and after the service's retries
-// it goes to shop.shipping.shipment-created.v1.dlq. Call it before s.Run.
-func HandleShipmentCreated(s *consumer.Service, h ShipmentCreatedHandler, opts ...consumer.HandlerOption) error {
+// consumer name, inside the dedup transaction, and after the consumer's retries
+// it goes to shop.shipping.shipment-created.v1.dlq. Call it before c.Run.
+func HandleShipmentCreated(c *consumer.Consumer, h ShipmentCreatedHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("shop.shipping.v1.ShipmentCreated: handle: nil handler")
 	}
-	return consumer.Handle[*ShipmentCreated](s, ShipmentCreatedEvent, h, opts...)
+	return consumer.Handle[*ShipmentCreated](c, ShipmentCreatedEvent, h, opts...)
 }
 
 // ShippingEvents lists the events declared in shop/shipping/v1/shipping.proto,

@@ -114,26 +114,16 @@ func (p *ReserveStockProducer) PublishBatch(ctx context.Context, tx outbox.Tx, e
 // shop.stock.reserve-stock.v1.dlq.
 type ReserveStockHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ReserveStock) error
 
-// NewReserveStockConsumer returns a consumer of topic
-// shop.stock.reserve-stock.v1 that hands each shop.stock.v1.ReserveStock event
-// to h exactly once per consumer name; start it with Run.
-func NewReserveStockConsumer(cfg consumer.Config, h ReserveStockHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("shop.stock.v1.ReserveStock: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*ReserveStock](ReserveStockEvent, h), opts...)
-}
-
-// HandleReserveStock registers h on the service consumer s as the handler of
+// HandleReserveStock registers h on the consumer c as the handler of
 // shop.stock.v1.ReserveStock events from topic shop.stock.reserve-stock.v1:
 // each event is handed to h exactly once per consumer name, inside the dedup
-// transaction, and after the service's retries it goes to
-// shop.stock.reserve-stock.v1.dlq. Call it before s.Run.
-func HandleReserveStock(s *consumer.Service, h ReserveStockHandler, opts ...consumer.HandlerOption) error {
+// transaction, and after the consumer's retries it goes to
+// shop.stock.reserve-stock.v1.dlq. Call it before c.Run.
+func HandleReserveStock(c *consumer.Consumer, h ReserveStockHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("shop.stock.v1.ReserveStock: handle: nil handler")
 	}
-	return consumer.Handle[*ReserveStock](s, ReserveStockEvent, h, opts...)
+	return consumer.Handle[*ReserveStock](c, ReserveStockEvent, h, opts...)
 }
 
 // Constants of the shop.stock.v1.StockReserved event.
@@ -227,26 +217,16 @@ func (p *StockReservedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, 
 // shop.stock.stock-reserved.v1.dlq.
 type StockReservedHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *StockReserved) error
 
-// NewStockReservedConsumer returns a consumer of topic
-// shop.stock.stock-reserved.v1 that hands each shop.stock.v1.StockReserved
-// event to h exactly once per consumer name; start it with Run.
-func NewStockReservedConsumer(cfg consumer.Config, h StockReservedHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("shop.stock.v1.StockReserved: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*StockReserved](StockReservedEvent, h), opts...)
-}
-
-// HandleStockReserved registers h on the service consumer s as the handler of
+// HandleStockReserved registers h on the consumer c as the handler of
 // shop.stock.v1.StockReserved events from topic shop.stock.stock-reserved.v1:
 // each event is handed to h exactly once per consumer name, inside the dedup
-// transaction, and after the service's retries it goes to
-// shop.stock.stock-reserved.v1.dlq. Call it before s.Run.
-func HandleStockReserved(s *consumer.Service, h StockReservedHandler, opts ...consumer.HandlerOption) error {
+// transaction, and after the consumer's retries it goes to
+// shop.stock.stock-reserved.v1.dlq. Call it before c.Run.
+func HandleStockReserved(c *consumer.Consumer, h StockReservedHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("shop.stock.v1.StockReserved: handle: nil handler")
 	}
-	return consumer.Handle[*StockReserved](s, StockReservedEvent, h, opts...)
+	return consumer.Handle[*StockReserved](c, StockReservedEvent, h, opts...)
 }
 
 // Constants of the shop.stock.v1.StockUnavailable event.
@@ -340,27 +320,16 @@ func (p *StockUnavailableProducer) PublishBatch(ctx context.Context, tx outbox.T
 // shop.stock.stock-unavailable.v1.dlq.
 type StockUnavailableHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *StockUnavailable) error
 
-// NewStockUnavailableConsumer returns a consumer of topic
-// shop.stock.stock-unavailable.v1 that hands each
-// shop.stock.v1.StockUnavailable event to h exactly once per consumer name;
-// start it with Run.
-func NewStockUnavailableConsumer(cfg consumer.Config, h StockUnavailableHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("shop.stock.v1.StockUnavailable: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*StockUnavailable](StockUnavailableEvent, h), opts...)
-}
-
-// HandleStockUnavailable registers h on the service consumer s as the handler
-// of shop.stock.v1.StockUnavailable events from topic
+// HandleStockUnavailable registers h on the consumer c as the handler of
+// shop.stock.v1.StockUnavailable events from topic
 // shop.stock.stock-unavailable.v1: each event is handed to h exactly once per
-// consumer name, inside the dedup transaction, and after the service's retries
-// it goes to shop.stock.stock-unavailable.v1.dlq. Call it before s.Run.
-func HandleStockUnavailable(s *consumer.Service, h StockUnavailableHandler, opts ...consumer.HandlerOption) error {
+// consumer name, inside the dedup transaction, and after the consumer's retries
+// it goes to shop.stock.stock-unavailable.v1.dlq. Call it before c.Run.
+func HandleStockUnavailable(c *consumer.Consumer, h StockUnavailableHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("shop.stock.v1.StockUnavailable: handle: nil handler")
 	}
-	return consumer.Handle[*StockUnavailable](s, StockUnavailableEvent, h, opts...)
+	return consumer.Handle[*StockUnavailable](c, StockUnavailableEvent, h, opts...)
 }
 
 // Constants of the shop.stock.v1.ReleaseStock event.
@@ -453,26 +422,16 @@ func (p *ReleaseStockProducer) PublishBatch(ctx context.Context, tx outbox.Tx, e
 // shop.stock.release-stock.v1.dlq.
 type ReleaseStockHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ReleaseStock) error
 
-// NewReleaseStockConsumer returns a consumer of topic
-// shop.stock.release-stock.v1 that hands each shop.stock.v1.ReleaseStock event
-// to h exactly once per consumer name; start it with Run.
-func NewReleaseStockConsumer(cfg consumer.Config, h ReleaseStockHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("shop.stock.v1.ReleaseStock: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*ReleaseStock](ReleaseStockEvent, h), opts...)
-}
-
-// HandleReleaseStock registers h on the service consumer s as the handler of
+// HandleReleaseStock registers h on the consumer c as the handler of
 // shop.stock.v1.ReleaseStock events from topic shop.stock.release-stock.v1:
 // each event is handed to h exactly once per consumer name, inside the dedup
-// transaction, and after the service's retries it goes to
-// shop.stock.release-stock.v1.dlq. Call it before s.Run.
-func HandleReleaseStock(s *consumer.Service, h ReleaseStockHandler, opts ...consumer.HandlerOption) error {
+// transaction, and after the consumer's retries it goes to
+// shop.stock.release-stock.v1.dlq. Call it before c.Run.
+func HandleReleaseStock(c *consumer.Consumer, h ReleaseStockHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("shop.stock.v1.ReleaseStock: handle: nil handler")
 	}
-	return consumer.Handle[*ReleaseStock](s, ReleaseStockEvent, h, opts...)
+	return consumer.Handle[*ReleaseStock](c, ReleaseStockEvent, h, opts...)
 }
 
 // Constants of the shop.stock.v1.StockReleased event.
@@ -566,26 +525,16 @@ func (p *StockReleasedProducer) PublishBatch(ctx context.Context, tx outbox.Tx, 
 // shop.stock.stock-released.v1.dlq.
 type StockReleasedHandler func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *StockReleased) error
 
-// NewStockReleasedConsumer returns a consumer of topic
-// shop.stock.stock-released.v1 that hands each shop.stock.v1.StockReleased
-// event to h exactly once per consumer name; start it with Run.
-func NewStockReleasedConsumer(cfg consumer.Config, h StockReleasedHandler, opts ...consumer.Option) (*consumer.Consumer, error) {
-	if h == nil {
-		return nil, errors.New("shop.stock.v1.StockReleased: new consumer: nil handler")
-	}
-	return consumer.New(cfg, consumer.Bind[*StockReleased](StockReleasedEvent, h), opts...)
-}
-
-// HandleStockReleased registers h on the service consumer s as the handler of
+// HandleStockReleased registers h on the consumer c as the handler of
 // shop.stock.v1.StockReleased events from topic shop.stock.stock-released.v1:
 // each event is handed to h exactly once per consumer name, inside the dedup
-// transaction, and after the service's retries it goes to
-// shop.stock.stock-released.v1.dlq. Call it before s.Run.
-func HandleStockReleased(s *consumer.Service, h StockReleasedHandler, opts ...consumer.HandlerOption) error {
+// transaction, and after the consumer's retries it goes to
+// shop.stock.stock-released.v1.dlq. Call it before c.Run.
+func HandleStockReleased(c *consumer.Consumer, h StockReleasedHandler, opts ...consumer.HandlerOption) error {
 	if h == nil {
 		return errors.New("shop.stock.v1.StockReleased: handle: nil handler")
 	}
-	return consumer.Handle[*StockReleased](s, StockReleasedEvent, h, opts...)
+	return consumer.Handle[*StockReleased](c, StockReleasedEvent, h, opts...)
 }
 
 // StockEvents lists the events declared in shop/stock/v1/stock.proto, for the

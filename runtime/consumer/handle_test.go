@@ -82,11 +82,11 @@ func (a *attrSink) WithAttrs(as []slog.Attr) slog.Handler {
 }
 func (a *attrSink) WithGroup(string) slog.Handler { return a }
 
-// TestServiceHandlesSeveralEvents: one service consumer (one group, one
+// TestConsumerHandlesSeveralEvents: one consumer (one group, one
 // dedup name) handles two event types on two topics, each failure going to
 // its own topic's DLQ; middleware runs outermost first around every
 // handler, and can turn an error into a permanent one.
-func TestServiceHandlesSeveralEvents(t *testing.T) {
+func TestConsumerHandlesSeveralEvents(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 2)
 	d2 := otherDescriptor(b.topic + "-other")
@@ -129,7 +129,7 @@ func TestServiceHandlesSeveralEvents(t *testing.T) {
 		}
 	}
 	var retries counter
-	s, err := NewService(Config{Name: "svc", Brokers: b.kafka.Brokers, DB: b.pool},
+	s, err := New(b.pool, b.kafka.Brokers, "svc",
 		append(fastOptions(), WithMiddleware(outer), WithMiddleware(permanent), WithHooks(Hooks{
 			Retry: func(events.Delivery, error, time.Duration) { retries.inc() },
 		}))...)
@@ -233,7 +233,7 @@ func TestMissingTopicsRefused(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
 	d2 := otherDescriptor(b.topic + "-absent")
-	s, err := NewService(Config{Name: "missing", Brokers: b.kafka.Brokers, DB: b.pool}, fastOptions()...)
+	s, err := New(b.pool, b.kafka.Brokers, "missing", fastOptions()...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -264,7 +264,7 @@ func TestWaitForTopics(t *testing.T) {
 	b := setup(t, 1)
 	d2 := otherDescriptor(b.topic + "-later")
 	sink := &logSink{}
-	s, err := NewService(Config{Name: "waiter", Brokers: b.kafka.Brokers, DB: b.pool},
+	s, err := New(b.pool, b.kafka.Brokers, "waiter",
 		append(fastOptions(), WithLogger(slog.New(sink)), WithWaitForTopics(), WithWarnInterval(50*time.Millisecond), withTopicPoll(20*time.Millisecond))...)
 	if err != nil {
 		t.Fatal(err)
