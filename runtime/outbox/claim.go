@@ -65,7 +65,7 @@ func (l *loop) claim(ctx context.Context, inFlight []claimed) ([]claimed, error)
 	// its even share, and together they hold more (a backlog). The pacer
 	// then grows the batch to what it may hold at once; the rest waits.
 	l.backlog = more || len(batch) > l.pace.batch()
-	batch = batch[:l.pace.observe(len(batch), more)]
+	batch = batch[:l.pace.observe(len(batch), more, time.Now())]
 	if f := l.faults.AfterClaim; f != nil && len(batch) > 0 {
 		f(ctx, faultRows(batch))
 	}

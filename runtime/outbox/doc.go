@@ -30,7 +30,10 @@
 //
 // The relay polls its lanes' pending rows (a partial index on id): right
 // after work a millisecond after its last look, doubling the delay on every
-// empty poll up to the poll interval (WithPollInterval, default 100ms). A
+// empty poll up to the poll interval (WithPollInterval, default 100ms),
+// except while rows arrive less than 20ms apart on average (the hot
+// window), when it keeps polling every millisecond: a relay in a process of
+// its own thus follows a steady flow closely without wake-ups. A
 // Writer in the same process wakes it at once (Writer.Notify): a CommitTx
 // right after its COMMIT, when one poll finds the rows; a Write on another
 // transaction (or a CommitTx sending its held rows before its last

@@ -23,7 +23,13 @@ const (
 // stays within [floor, maximum]. The poll delay is pollMin right after
 // work or a wake-up and doubles on every idle wait up to the poll interval,
 // except for the quick polls (wakeFastPolls) a wake-up sent before the
-// writer's commit keeps at its delay.
+// writer's commit keeps at its delay, and while rows are arriving at a
+// steady rate (the hot window): when claims have found rows less than
+// hotGap apart, on average, the delay stays at pollMin until twice that
+// gap has passed with nothing found. A relay in a process of its own, with
+// no wake-ups from the writers, then finds a row about pollMin/2 after its
+// commit under a steady flow, instead of after a delay that doubled in the
+// gap between two rows; an idle relay backs off as before.
 type pacer struct {
 	// ceiling and floor bound the batch size (WithBatchSize, and minBatch
 	// or the ceiling if smaller); maxPoll bounds the poll delay
@@ -36,7 +42,17 @@ type pacer struct {
 	// fast counts the idle waits left at the current poll delay after a
 	// wake-up for uncommitted rows, before the delay doubles again.
 	fast int
+	// found is when a claim last found rows, and gap the running mean of
+	// the time between such claims (zero until two have): the hot window.
+	found time.Time
+	gap   time.Duration
 }
+
+// hotGap bounds the hot window: rows found on average less than hotGap
+// apart keep the poll delay at pollMin (about hotGap/pollMin polls per
+// row at most); rarer rows let it back off. 20 ms is a flow of 50 rows a
+// second per worker.
+const hotGap = 20 * time.Millisecond
 
 // newPacer returns the pace of a worker that has not looked yet: the
 // smallest batch, and the shortest poll delay.
@@ -52,18 +68,27 @@ func (p *pacer) batch() int { return p.size }
 // last one.
 func (p *pacer) delay() time.Duration { return p.poll }
 
-// observe adapts the pace to a claim that returned got rows (asked for
-// batch() rows, split by lane quotas); full says some lane gave its whole
-// quota, so rows may wait behind the batch. It returns how many of the got
-// rows (in id order) the batch takes.
+// observe adapts the pace to a claim, ended at now, that returned got rows
+// (asked for batch() rows, split by lane quotas); full says some lane gave
+// its whole quota, so rows may wait behind the batch. It returns how many
+// of the got rows (in id order) the batch takes.
 //
 // Rows found reset the poll delay. More rows than asked for (every lane
 // was asked for more than its even share) mean a backlog: the batch grows
 // at once to what it may hold, rather than doubling claim by claim. A full
 // claim doubles the batch size; one less than a quarter full halves it.
-func (p *pacer) observe(got int, full bool) (take int) {
+func (p *pacer) observe(got int, full bool, now time.Time) (take int) {
 	if got > 0 {
 		p.poll = pollMin // work resets the poll delay
+		switch since := now.Sub(p.found); {
+		case p.found.IsZero():
+			// the first find: no gap yet
+		case p.gap == 0:
+			p.gap = since
+		default:
+			p.gap = (p.gap + since) / 2
+		}
+		p.found = now
 	}
 	take = got
 	if got > p.size {
@@ -84,13 +109,16 @@ func (p *pacer) observe(got int, full bool) (take int) {
 // would be read again and again only to be dropped.
 func (p *pacer) capped(fit int) { p.size = max(p.floor, fit) }
 
-// idled records an idle wait (after its delay was read): the next one
-// waits twice as long, up to the poll interval, unless quick polls are
-// left after a wake-up.
-func (p *pacer) idled() {
+// idled records an idle wait at now (after its delay was read): the next
+// one waits twice as long, up to the poll interval, unless quick polls are
+// left after a wake-up or the flow of rows is hot.
+func (p *pacer) idled(now time.Time) {
 	if p.fast > 0 {
 		p.fast-- // just woken: the rows come with the writer's commit, any moment now
 		return
+	}
+	if p.gap > 0 && p.gap < hotGap && now.Sub(p.found) < 2*p.gap {
+		return // rows come every gap or so: the next one is due any moment
 	}
 	p.poll = min(2*p.poll, p.maxPoll)
 }

@@ -169,7 +169,7 @@ func (l *loop) idle(ctx context.Context) {
 		return
 	}
 	d := min(l.pace.delay()-time.Since(l.lastLook), time.Until(l.nextRebalance), time.Until(l.nextCleanup))
-	l.pace.idled()
+	l.pace.idled(time.Now())
 	if l.r.cfg.hooks.Pending != nil {
 		d = min(d, time.Until(l.nextStatus))
 	}

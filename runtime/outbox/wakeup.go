@@ -15,7 +15,7 @@ import (
 
 // Default bounds of the relay's adaptive idle poll: right after work it
 // polls every pollMin, doubling the delay on every empty poll up to the poll
-// interval (WithPollInterval).
+// interval (WithPollInterval), but for the hot window (see pacer).
 const (
 	pollMin             = time.Millisecond
 	defaultPollInterval = 100 * time.Millisecond
