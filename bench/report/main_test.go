@@ -89,10 +89,14 @@ BenchmarkWatermill/e2e-500/ours 1 3.000 p50-ms
 BenchmarkWatermill/e2e-500/ours 1 8.000 p99-ms
 BenchmarkWatermill/e2e-500/watermill 1 5.000 p50-ms
 BenchmarkWatermill/e2e-500/watermill 1 12.000 p99-ms
+BenchmarkWatermill/e2e-500/ours-apart 1 2.000 p50-ms
+BenchmarkWatermill/e2e-500/ours-apart 1 5.000 p99-ms
 BenchmarkWatermill/e2e-1000/ours 1 4.000 p50-ms
 BenchmarkWatermill/e2e-1000/ours 1 9.000 p99-ms
 BenchmarkWatermill/e2e-1000/watermill 1 5.000 p50-ms
 BenchmarkWatermill/e2e-1000/watermill 1 20.000 p99-ms
+BenchmarkWatermill/e2e-1000/ours-apart 1 3.000 p50-ms
+BenchmarkWatermill/e2e-1000/ours-apart 1 8.000 p99-ms
 BenchmarkWatermill/e2e-2000/ours 1 1999.000 events/s
 BenchmarkWatermill/e2e-2000/ours 1 40.000 p99-ms
 BenchmarkWatermill/drain/ours 1 30000.000 events/s
@@ -115,6 +119,8 @@ func TestWatermillRatios(t *testing.T) {
 		"ratio 1.60x (min 1.60, max 1.60, 1 rounds)  target <= 1.2: NOT MET", // write-8 ours-plain / bare: 80000 / 50000
 		"ratio 0.67x (min 0.67, max 0.67, 1 rounds)  target <= 0.5: NOT MET", // 8 / 12
 		"ratio 0.45x (min 0.45, max 0.45, 1 rounds)  target <= 0.5: met",     // 9 / 20
+		"ratio 0.42x (min 0.42, max 0.42, 1 rounds)  target <= 0.5: met",     // e2e-500 ours-apart p99 / watermill: 5 / 12
+		"ratio 0.60x (min 0.60, max 0.60, 1 rounds)  target <= 0.5: NOT MET", // e2e-1000 ours-apart p50 / watermill: 3 / 5
 		"ratio 1.00x (min 1.00, max 1.00, 1 rounds)  target >= 0.99: met",    // 1999 / 2000
 		"ratio 0.80x (min 0.80, max 0.80, 1 rounds)  target <= 1.0: met",     // 40 ms / 50 ms
 		"target                                          50.00 p99-ms (median)",
