@@ -82,6 +82,10 @@ BenchmarkWatermill/write-1/watermill 1 260000.000 ns/op
 BenchmarkWatermill/write-8/bare 1 50000.000 ns/op
 BenchmarkWatermill/write-8/ours 1 60000.000 ns/op
 BenchmarkWatermill/write-8/ours-plain 1 80000.000 ns/op
+BenchmarkWatermill/write-1/raw-plain 1 260000.000 ns/op
+BenchmarkWatermill/write-1/raw-batch 1 230000.000 ns/op
+BenchmarkWatermill/write-8/raw-plain 1 70000.000 ns/op
+BenchmarkWatermill/write-8/raw-batch 1 62000.000 ns/op
 BenchmarkWatermill/write-8/watermill 1 70000.000 ns/op
 BenchmarkWatermill/consume/ours 1 9000.000 events/s
 BenchmarkWatermill/consume/watermill 1 8000.000 events/s

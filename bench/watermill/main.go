@@ -200,6 +200,9 @@ func writeRound(ctx context.Context, e *env, c config, res results, oursFirst bo
 		{"watermill", producer{publish: func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
 			return w.publish(ctx, tx, wmTopic, ord)
 		}}},
+		// The floor under ours: the same row with pgx alone (raw.go).
+		{"raw-plain", producer{publish: rawPlain(d.Topic)}},
+		{"raw-batch", producer{begin: rawBatchBegin, publish: rawBatchHold(d.Topic)}},
 	}
 	if !oursFirst {
 		variants[1], variants[2], variants[3] = variants[3], variants[1], variants[2]
@@ -342,6 +345,10 @@ func summary(res results) {
 		{"outbox write, 8 clients, ours / bare insert", "write-8/ours ns/op", "write-8/bare ns/op"},
 		{"outbox write, 8 clients, ours-plain / bare insert", "write-8/ours-plain ns/op", "write-8/bare ns/op"},
 		{"outbox write, 8 clients, Watermill / bare insert", "write-8/watermill ns/op", "write-8/bare ns/op"},
+		{"outbox write, 1 client, raw pgx INSERT / bare insert", "write-1/raw-plain ns/op", "write-1/bare ns/op"},
+		{"outbox write, 1 client, raw pgx INSERT+COMMIT batch / bare", "write-1/raw-batch ns/op", "write-1/bare ns/op"},
+		{"outbox write, 8 clients, raw pgx INSERT / bare insert", "write-8/raw-plain ns/op", "write-8/bare ns/op"},
+		{"outbox write, 8 clients, raw pgx INSERT+COMMIT batch / bare", "write-8/raw-batch ns/op", "write-8/bare ns/op"},
 		{"consumer with dedup, ours / Watermill", "consume/ours events/s", "consume/watermill events/s"},
 	}
 	for _, rate := range e2eRates {
