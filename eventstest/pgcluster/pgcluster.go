@@ -15,6 +15,7 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -78,10 +79,31 @@ func freePort() (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// Option configures a cluster Start makes.
+type Option func(*settings)
+
+type settings struct{ extra []string }
+
+// WithSetting starts the server with one more configuration parameter,
+// e.g. WithSetting("wal_level", "logical") for tests of logical
+// replication. The name and value are passed to postgres as -c name=value.
+func WithSetting(name, value string) Option {
+	return func(s *settings) { s.extra = append(s.extra, name+"="+value) }
+}
+
 // Start initialises a cluster in a new temporary directory and starts it on
 // a free loopback port. Durability is traded for speed (fsync off): the
 // cluster is for tests and demos only.
-func Start(ctx context.Context) (*Cluster, error) {
+func Start(ctx context.Context, opts ...Option) (*Cluster, error) {
+	var set settings
+	for _, o := range opts {
+		o(&set)
+	}
+	for _, kv := range set.extra {
+		if strings.ContainsAny(kv, " \t\n'\"\\") {
+			return nil, fmt.Errorf("pgcluster: setting %q: names and values without spaces or quotes only", kv)
+		}
+	}
 	bin, err := binDir()
 	if err != nil {
 		return nil, err
@@ -114,6 +136,9 @@ func Start(ctx context.Context) (*Cluster, error) {
 			return nil, fmt.Errorf("pgcluster: free port: %w", err)
 		}
 		opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200", port, dir)
+		for _, kv := range set.extra {
+			opts += " -c " + kv
+		}
 		c.opts = opts
 		lastErr = c.run(ctx, "pg_ctl", "-D", data, "-l", filepath.Join(dir, "log"), "-o", opts, "-w", "-t", "60", "start")
 		if lastErr == nil {
@@ -169,6 +194,13 @@ func (c *Cluster) Stop() error {
 // outage; Up starts it again on the same port.
 func (c *Cluster) Down(ctx context.Context) error {
 	return c.run(ctx, "pg_ctl", "-D", filepath.Join(c.dir, "data"), "-m", "fast", "-w", "stop")
+}
+
+// Crash stops the server as a power cut would look to its clients
+// (immediate mode: no checkpoint, crash recovery at the next Up) and keeps
+// its files.
+func (c *Cluster) Crash(ctx context.Context) error {
+	return c.run(ctx, "pg_ctl", "-D", filepath.Join(c.dir, "data"), "-m", "immediate", "-w", "stop")
 }
 
 // Up starts a cluster stopped with Down again, on the same port and URL.

@@ -17,11 +17,12 @@ import (
 )
 
 // OwnCluster starts a throwaway Postgres cluster for this test alone, for
-// tests that stop and start the server (Down/Up), and returns it with a
-// pool on it; both end with the test.
-func OwnCluster(t testing.TB, ctx context.Context) (*pgcluster.Cluster, *pgxpool.Pool) {
+// tests that stop and start the server (Down/Up) or need settings of their
+// own (pgcluster.WithSetting("wal_level", "logical")), and returns it with
+// a pool on it; both end with the test.
+func OwnCluster(t testing.TB, ctx context.Context, opts ...pgcluster.Option) (*pgcluster.Cluster, *pgxpool.Pool) {
 	t.Helper()
-	c, err := pgcluster.Start(ctx)
+	c, err := pgcluster.Start(ctx, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

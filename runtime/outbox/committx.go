@@ -208,7 +208,7 @@ func (rs insertRuns) batch(last string) *pgx.Batch {
 func (rs insertRuns) read(br pgx.BatchResults) error {
 	for _, s := range rs {
 		if _, err := br.Exec(); err != nil {
-			return fmt.Errorf("insert %d events into %s: %w", s.n, s.w.table, s.w.insertFailed(err))
+			return fmt.Errorf("%s %d events into %s: %w", s.w.verb(), s.n, s.w.target(), s.w.failed(err))
 		}
 	}
 	return nil
@@ -218,7 +218,7 @@ func (rs insertRuns) read(br pgx.BatchResults) error {
 // COMMIT: they poll quickly until the caller commits.
 func (rs insertRuns) wake() {
 	for _, s := range rs {
-		wakeTable(s.w.table, false)
+		s.w.wake()
 	}
 }
 
@@ -237,9 +237,11 @@ func (t *CommitTx) runs(ctx context.Context) insertRuns {
 		for _, h := range held[i:j] {
 			rows = append(rows, h.r)
 		}
-		sql, args := w.learn(ctx, t.tx).run(rows)
+		sql, args := w.statement(ctx, t.tx, rows)
 		out = append(out, insertRun{w: w, n: len(rows), sql: sql, args: args})
-		t.root.noteWritten(w.table)
+		if !w.wal {
+			t.root.noteWritten(w.table)
+		}
 		i = j
 	}
 	return out

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/envelope"
 	"github.com/protoevents/protoevents/runtime/events"
 )
@@ -181,7 +182,7 @@ func TestRelaySendsEveryHeader(t *testing.T) {
 	b.startRelay(t)
 	b.waitDrained(t, time.Minute)
 	cl := &kafka.Client{Addr: kafka.TCP(b.brokers...), Timeout: time.Minute}
-	msgs, err := fetchPartition(ctx, cl, b.topic, 0, int64(len(want)))
+	msgs, err := testenv.FetchPartition(ctx, cl, b.topic, 0, int64(len(want)))
 	if err != nil {
 		t.Fatal(err)
 	}

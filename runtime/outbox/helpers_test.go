@@ -4,23 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"os"
-	"sort"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/segmentio/kafka-go"
-	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/protoevents/protoevents/eventstest/kafkacluster"
 	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/internal/testenv"
-	"github.com/protoevents/protoevents/runtime/envelope"
 	"github.com/protoevents/protoevents/runtime/events"
 )
 
@@ -201,163 +195,16 @@ func (b *bundle) waitDrained(t testing.TB, timeout time.Duration) {
 }
 
 // delivered is one message read back from Kafka.
-type delivered struct {
-	partition int
-	offset    int64
-	key       string
-	seq       int
-	id        events.EventID
-}
+type delivered = testenv.Delivered
 
-// readAll reads every message of the topic, partition by partition, each in
-// log order. It fetches with plain Fetch requests from offset 0 to the end
-// offset, so it waits only on the broker's answers; the deadline bounds a
-// hang, generously, for loaded machines.
+// readAll reads every message of the bundle's topic (testenv.ReadTopic).
 func (b *bundle) readAll(t testing.TB) [][]delivered {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	cl := &kafka.Client{Addr: kafka.TCP(b.brokers...), Timeout: time.Minute}
-	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
-	for p := range b.parts {
-		req.Topics[b.topic] = append(req.Topics[b.topic], kafka.LastOffsetOf(p))
-	}
-	resp, err := cl.ListOffsets(ctx, req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := make([][]delivered, b.parts)
-	var wg sync.WaitGroup
-	errs := make(chan error, b.parts)
-	for _, po := range resp.Topics[b.topic] {
-		if po.Error != nil {
-			t.Fatal(po.Error)
-		}
-		if po.LastOffset == 0 {
-			continue
-		}
-		wg.Add(1)
-		go func(p int, end int64) {
-			defer wg.Done()
-			msgs, err := fetchPartition(ctx, cl, b.topic, p, end)
-			if err != nil {
-				errs <- fmt.Errorf("partition %d: %w", p, err)
-				return
-			}
-			for _, m := range msgs {
-				env, err := envelope.Decode(m)
-				if err != nil {
-					errs <- fmt.Errorf("partition %d offset %d: %w", p, m.Offset, err)
-					return
-				}
-				var s structpb.Struct
-				if err := env.UnmarshalPayload(&s); err != nil {
-					errs <- err
-					return
-				}
-				if got := s.Fields["key"].GetStringValue(); got != string(m.Key) {
-					errs <- fmt.Errorf("message key %q but payload key %q", m.Key, got)
-					return
-				}
-				out[p] = append(out[p], delivered{partition: p, offset: m.Offset, key: string(m.Key), seq: int(s.Fields["seq"].GetNumberValue()), id: env.EventID})
-			}
-		}(po.Partition, po.LastOffset)
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
-	return out
+	return testenv.ReadTopic(t, b.brokers, b.topic, b.parts)
 }
 
-// fetchPartition returns the messages of a partition from offset 0 up to
-// end, in log order, retrying failed fetches until ctx ends.
-func fetchPartition(ctx context.Context, cl *kafka.Client, topic string, p int, end int64) ([]kafka.Message, error) {
-	var msgs []kafka.Message
-	offset := int64(0)
-	for offset < end {
-		resp, err := cl.Fetch(ctx, &kafka.FetchRequest{Topic: topic, Partition: p, Offset: offset, MinBytes: 1, MaxBytes: 8 << 20, MaxWait: 100 * time.Millisecond})
-		if err == nil && resp.Error != nil {
-			err = resp.Error
-		}
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil, fmt.Errorf("fetch at offset %d of %d: %w", offset, end, err)
-			}
-			time.Sleep(50 * time.Millisecond)
-			continue
-		}
-		for {
-			rec, err := resp.Records.ReadRecord()
-			if errors.Is(err, io.EOF) {
-				break
-			}
-			if err != nil {
-				return nil, fmt.Errorf("read record at offset %d: %w", offset, err)
-			}
-			if rec.Offset < offset {
-				continue
-			}
-			key, err := kafka.ReadAll(rec.Key)
-			if err != nil {
-				return nil, err
-			}
-			value, err := kafka.ReadAll(rec.Value)
-			if err != nil {
-				return nil, err
-			}
-			msgs = append(msgs, kafka.Message{Topic: topic, Partition: p, Offset: rec.Offset, Key: key, Value: value, Headers: rec.Headers})
-			offset = rec.Offset + 1
-		}
-	}
-	return msgs, nil
-}
-
-// checkDelivery asserts that what Kafka holds is exactly the events of want
-// (count per key), each key on one partition, in per-key order once
-// duplicates (same event ID, re-sent after a failure) are dropped the way a
-// consumer's dedup table would. It returns the number of duplicates.
+// checkDelivery is testenv.CheckDelivery.
 func checkDelivery(t testing.TB, parts [][]delivered, want map[string]int) int {
 	t.Helper()
-	next := map[string]int{}
-	partOf := map[string]int{}
-	seen := map[events.EventID]delivered{}
-	dups := 0
-	for _, msgs := range parts {
-		for _, m := range msgs {
-			if p, ok := partOf[m.key]; ok && p != m.partition {
-				t.Fatalf("key %s on partitions %d and %d", m.key, p, m.partition)
-			}
-			partOf[m.key] = m.partition
-			if first, ok := seen[m.id]; ok {
-				if first.key != m.key || first.seq != m.seq {
-					t.Fatalf("event %s delivered as %s/%d and %s/%d", m.id, first.key, first.seq, m.key, m.seq)
-				}
-				dups++
-				continue
-			}
-			seen[m.id] = m
-			if m.seq != next[m.key] {
-				t.Fatalf("key %s: got seq %d at partition %d offset %d, want %d (order broken or event lost)", m.key, m.seq, m.partition, m.offset, next[m.key])
-			}
-			next[m.key]++
-		}
-	}
-	var keys []string
-	for k := range want {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	for _, k := range keys {
-		if next[k] != want[k] {
-			t.Errorf("key %s: %d events delivered, want %d", k, next[k], want[k])
-		}
-	}
-	for k := range next {
-		if _, ok := want[k]; !ok {
-			t.Errorf("unexpected key %s delivered (%d events)", k, next[k])
-		}
-	}
-	return dups
+	return testenv.CheckDelivery(t, parts, want)
 }

@@ -32,6 +32,7 @@ type writerConfig struct {
 	table    string
 	producer string
 	format   envelope.Format
+	walSlot  string // WithWALSource: the slot that must exist
 }
 
 type relayConfig struct {
@@ -105,6 +106,26 @@ func WithProducer(name string) WriterOption {
 // WithFormat sets the envelope wire form (default envelope.FormatJSON).
 func WithFormat(f envelope.Format) WriterOption {
 	return writerFunc(func(c *writerConfig) { c.format = f })
+}
+
+// WithWALSource makes the Writer emit each event as a transactional
+// logical decoding message (pg_logical_emit_message) instead of inserting
+// an outbox row: the message is in the write-ahead log of the caller's
+// transaction, committed or rolled back with it, and only the WAL relay
+// (package walrelay) reading slot publishes it; the polling Relay never
+// sees it.
+//
+// A message written while no slot exists is never read by anyone, and
+// Postgres accepts it even below wal_level = logical. So before its first
+// write, and again at most once a minute, the Writer checks in the
+// caller's transaction that wal_level is logical and that slot exists and
+// is not invalidated, and refuses the write (ErrWALNotReady) otherwise:
+// create the slot (walrelay.Setup, or eventsctl wal setup) before the
+// first write. No table is written, so a fixed event ID
+// (events.WithEventID) is not checked for duplicates: consumers
+// deduplicate on it as always. See docs/design.md, "The WAL relay".
+func WithWALSource(slot string) WriterOption {
+	return writerFunc(func(c *writerConfig) { c.walSlot = slot })
 }
 
 type relayFunc func(*relayConfig)

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/segmentio/kafka-go"
+
+	"github.com/protoevents/protoevents/runtime/internal/kafkawriter"
 )
 
 // flight is a batch being published.
@@ -134,7 +136,7 @@ func (l *loop) send(batch []claimed) (*flight, error) {
 		m := kafka.Message{Topic: row.Topic, Key: row.Key, Value: row.value, Headers: hs}
 		// Cap the batch in bytes so every partition's share fits one
 		// produce request; the rest stays pending for the next batch.
-		if size += estimateSize(&m); i > 0 && size > l.r.cfg.maxBatchBytes {
+		if size += kafkawriter.Size(&m); i > 0 && size > l.r.cfg.maxBatchBytes {
 			batch = batch[:i]
 			// Claim no more than fits next time: the rest would be read
 			// again and again only to be dropped here. The rest waits:
@@ -454,14 +456,4 @@ func ackedRows(batch []claimed, pubErr error) (acked, failed []int64, failing []
 		acked = append(acked, batch[i].ID)
 	}
 	return acked, failed, failing
-}
-
-// estimateSize bounds the bytes a message takes in a produce request
-// (record overhead, varints, headers) from above.
-func estimateSize(m *kafka.Message) int {
-	n := 64 + len(m.Key) + len(m.Value)
-	for _, h := range m.Headers {
-		n += 16 + len(h.Key) + len(h.Value)
-	}
-	return n
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/protoevents/protoevents/runtime/internal/faults"
+	"github.com/protoevents/protoevents/runtime/internal/kafkawriter"
 )
 
 // Relay publishes outbox rows to Kafka: at least once, in order per key,
@@ -50,7 +51,7 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, opts ...RelayOption) (*Relay
 		table:             DefaultTable,
 		batchSize:         defaultBatchSize,
 		workers:           defaultWorkers,
-		maxBatchBytes:     900 << 10,
+		maxBatchBytes:     kafkawriter.MaxBatchBytes,
 		pollInterval:      defaultPollInterval,
 		rebalanceInterval: 2 * time.Second,
 		statusInterval:    10 * time.Second,
@@ -258,30 +259,11 @@ func (r *Relay) newTransport() *kafka.Transport {
 }
 
 // newKafkaWriter builds a lane worker's producer on tr (nil: the default
-// transport) with the settings the relay's guarantees rest on:
-// RequiredAcks = RequireAll, synchronous writes, per-message topics,
-// murmur2 partitioning like the Java client, and batch limits large enough
-// that one call sends each partition's messages in one request (send sets
-// BatchSize to each call's size). BatchTimeout is 1ns: every call hands
-// over a whole batch, so there is nothing to wait for (docs/design.md,
-// "The trickle path").
+// transport) with the settings both relays share (kafkawriter.New); send
+// sets BatchSize to each call's size.
 func (r *Relay) newKafkaWriter(tr *kafka.Transport) *kafka.Writer {
-	w := &kafka.Writer{
-		Addr:            kafka.TCP(r.brokers...),
-		Balancer:        kafka.Murmur2Balancer{},
-		BatchTimeout:    time.Nanosecond,
-		MaxAttempts:     r.cfg.maxAttempts,
-		WriteBackoffMin: 50 * time.Millisecond,
-		WriteBackoffMax: 500 * time.Millisecond,
-		WriteTimeout:    r.cfg.writeTimeout,
-		RequiredAcks:    kafka.RequireAll,
-		BatchSize:       r.cfg.batchSize,
-		BatchBytes:      1 << 30, // never split a partition's share; the relay caps the batch itself
-	}
-	if tr != nil {
-		w.Transport = tr // not a nil *Transport in the interface
-	}
-	return w
+	return kafkawriter.New(kafkawriter.Config{Brokers: r.brokers, Transport: tr, MaxAttempts: r.cfg.maxAttempts,
+		WriteTimeout: r.cfg.writeTimeout, BatchSize: r.cfg.batchSize})
 }
 
 // connConfig returns the pool's connection settings (search_path

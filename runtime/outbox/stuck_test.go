@@ -92,7 +92,7 @@ func TestStuckRowListedParkedRetriedDropped(t *testing.T) {
 	got := map[string]int{}
 	for _, p := range small.readAll(t) {
 		for _, m := range p {
-			got[m.key]++
+			got[m.Key]++
 		}
 	}
 	if got["blocked"] != 2 || got["free"] != 1 {

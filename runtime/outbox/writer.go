@@ -43,6 +43,12 @@ type Writer struct {
 	generated inserts
 	// learnErr is why the last attempt to learn the shape failed.
 	learnErr atomic.Pointer[error]
+	// wal: emit logical decoding messages, not rows (WithWALSource),
+	// for the WAL relay reading walSlot.
+	wal     bool
+	walSlot string
+	// walChecked is when the slot was last seen ready (unix nanoseconds).
+	walChecked atomic.Int64
 }
 
 // NewWriter returns a Writer for the outbox table (default "outbox").
@@ -71,8 +77,11 @@ func NewWriter(opts ...WriterOption) (*Writer, error) {
 	if !c.format.Valid() {
 		return nil, fmt.Errorf("outbox: unknown envelope format %v", c.format)
 	}
+	if err := checkWALSlot(c.walSlot); err != nil {
+		return nil, err
+	}
 	return &Writer{table: t, env: envelope.Options{Format: c.format, Producer: c.producer}, maxBytes: maxBytes,
-		generated: newInserts(t.sanitized(), 0)}, nil
+		generated: newInserts(t.sanitized(), 0), wal: c.walSlot != "", walSlot: c.walSlot}, nil
 }
 
 // DefaultMaxEventBytes is the largest Kafka record (key + value + headers)
@@ -150,7 +159,8 @@ type row struct {
 	eventType, topic string
 	key, value       []byte
 	headers          string
-	fixed            bool // the producer chose the ID (events.WithEventID)
+	fixed            bool   // the producer chose the ID (events.WithEventID)
+	record           []byte // a WAL Writer's message: the Kafka record (walrecord)
 }
 
 // learn returns the statements for the Writer's table, reading its shape
@@ -273,10 +283,6 @@ func (w *Writer) encode(ev events.Event, po events.PublishOptions) (row, error) 
 	if err != nil {
 		return row{}, fmt.Errorf("outbox: write %s: %w", d.Type, err)
 	}
-	h, err := encodeHeaders(storedHeaders(headers, w.env.Format))
-	if err != nil {
-		return row{}, fmt.Errorf("outbox: write %s %s: %w", d.Type, env.EventID, err)
-	}
 	key := env.Key
 	if len(key) == 0 {
 		// The key orders the event among its kind on Kafka; without one every
@@ -292,7 +298,50 @@ func (w *Writer) encode(ev events.Event, po events.PublishOptions) (row, error) 
 	if size > w.maxBytes {
 		return row{}, &EventTooLargeError{Type: d.Type, Topic: d.Topic, EventID: env.EventID, Size: size, Limit: w.maxBytes}
 	}
-	return row{id: env.EventID, eventType: env.Type, topic: d.Topic, key: key, value: value, headers: h, fixed: po.EventID != (events.EventID{})}, nil
+	r := row{id: env.EventID, eventType: env.Type, topic: d.Topic, key: key, value: value}
+	if w.wal {
+		// No table, no unique index: a fixed ID is an ID like any other.
+		r.record = walRecord(d.Topic, key, headers, value)
+		return r, nil
+	}
+	if r.headers, err = encodeHeaders(storedHeaders(headers, w.env.Format)); err != nil {
+		return row{}, fmt.Errorf("outbox: write %s %s: %w", d.Type, env.EventID, err)
+	}
+	r.fixed = po.EventID != (events.EventID{})
+	return r, nil
+}
+
+// statement is the statement and arguments that write rows, all of one
+// kind (fixed IDs or not), through q: the INSERT for the table's shape, or
+// a WAL Writer's messages.
+func (w *Writer) statement(ctx context.Context, q querier, rows []row) (string, []any) {
+	if w.wal {
+		return walStatement(rows)
+	}
+	return w.learn(ctx, q).run(rows)
+}
+
+// failed explains why a write's statement failed.
+func (w *Writer) failed(err error) error {
+	if w.wal {
+		return walFailed(err)
+	}
+	return w.insertFailed(err)
+}
+
+// verb and target say what the Writer does and where, for errors.
+func (w *Writer) verb() string {
+	if w.wal {
+		return "emit"
+	}
+	return "insert"
+}
+
+func (w *Writer) target() string {
+	if w.wal {
+		return "the write-ahead log"
+	}
+	return w.table.String()
 }
 
 // Write inserts one event into the outbox within tx (a pgx.Tx, or a
@@ -310,19 +359,22 @@ func (w *Writer) Write(ctx context.Context, tx Tx, ev events.Event, opts ...even
 	if err != nil {
 		return events.EventID{}, err
 	}
+	if err := w.walReady(ctx, tx); err != nil {
+		return events.EventID{}, err
+	}
 	if c, ok := tx.(*CommitTx); ok {
 		if err := c.hold(ctx, w, []row{r}); err != nil {
 			return events.EventID{}, fmt.Errorf("outbox: write %s %s: %w", r.eventType, r.id, err)
 		}
 		return r.id, nil
 	}
-	q, args := w.learn(ctx, tx).one(r)
+	q, args := w.statement(ctx, tx, []row{r})
 	if _, err := tx.Exec(ctx, q, args...); err != nil {
-		return events.EventID{}, fmt.Errorf("outbox: insert %s %s into %s: %w", r.eventType, r.id, w.table, w.insertFailed(err))
+		return events.EventID{}, fmt.Errorf("outbox: %s %s %s into %s: %w", w.verb(), r.eventType, r.id, w.target(), w.failed(err))
 	}
 	// Relays of this process poll quickly from now on and find the row
 	// once the caller commits (see Notify).
-	wakeTable(w.table, false)
+	w.wake()
 	return r.id, nil
 }
 
@@ -350,18 +402,29 @@ func (w *Writer) WriteBatch(ctx context.Context, tx Tx, evs []events.Event, opts
 		}
 		ids[i], rows[i] = r.id, r
 	}
+	if err := w.walReady(ctx, tx); err != nil {
+		return nil, err
+	}
 	if c, ok := tx.(*CommitTx); ok {
 		if err := c.hold(ctx, w, rows); err != nil {
 			return nil, fmt.Errorf("outbox: write batch: %w", err)
 		}
 		return ids, nil
 	}
-	q, args := w.learn(ctx, tx).run(rows)
+	q, args := w.statement(ctx, tx, rows)
 	if _, err := tx.Exec(ctx, q, args...); err != nil {
-		return nil, fmt.Errorf("outbox: insert %d events into %s: %w", len(evs), w.table, w.insertFailed(err))
+		return nil, fmt.Errorf("outbox: %s %d events into %s: %w", w.verb(), len(evs), w.target(), w.failed(err))
 	}
-	wakeTable(w.table, false)
+	w.wake()
 	return ids, nil
+}
+
+// wake tells this process's relays of the Writer's table that rows are
+// coming (uncommitted); a WAL Writer has no table and wakes nobody.
+func (w *Writer) wake() {
+	if !w.wal {
+		wakeTable(w.table, false)
+	}
 }
 
 // publishOptions applies opts and, unless they set a trace parent, takes

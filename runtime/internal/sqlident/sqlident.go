@@ -92,3 +92,26 @@ func Derived(name, suffix string) string {
 func Literal(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
 }
+
+// slotName is Postgres' rule for replication slot names.
+var slotName = regexp.MustCompile(`^[a-z0-9_]+$`)
+
+// CheckSlot validates a replication slot name by Postgres' own rule (lower
+// case letters, digits and _, at most MaxLen bytes), so a bad name is
+// refused before any connection, with the rule in the message.
+func CheckSlot(s string) error {
+	if !slotName.MatchString(s) || len(s) > MaxLen {
+		return fmt.Errorf("replication slot name %q: use lower case letters, digits and _ only, at most %d bytes", s, MaxLen)
+	}
+	return nil
+}
+
+// CheckName validates a plain identifier of the given kind ("publication",
+// ...): letters, digits and _, not starting with a digit, at most MaxLen
+// bytes.
+func CheckName(kind, s string) error {
+	if !part.MatchString(s) || len(s) > MaxLen {
+		return fmt.Errorf("%s name %q is not a plain identifier (letters, digits and _, not starting with a digit; at most %d bytes)", kind, s, MaxLen)
+	}
+	return nil
+}

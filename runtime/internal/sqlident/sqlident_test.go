@@ -47,3 +47,24 @@ func TestDerivedAndSibling(t *testing.T) {
 		t.Fatalf("Literal = %s", l)
 	}
 }
+
+func TestCheckSlotAndName(t *testing.T) {
+	for _, ok := range []string{"protoevents", "relay_1", "0abc"} {
+		if err := CheckSlot(ok); err != nil {
+			t.Errorf("CheckSlot(%q) = %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"", "Upper", "has-dash", "a b", strings.Repeat("a", MaxLen+1)} {
+		if err := CheckSlot(bad); err == nil {
+			t.Errorf("CheckSlot(%q) accepted", bad)
+		}
+	}
+	if err := CheckName("publication", "Pub_1"); err != nil {
+		t.Error(err)
+	}
+	for _, bad := range []string{"", "1pub", `x"y`, strings.Repeat("a", MaxLen+1)} {
+		if err := CheckName("publication", bad); err == nil || !strings.Contains(err.Error(), "publication") {
+			t.Errorf("CheckName(%q) = %v, want an error naming the kind", bad, err)
+		}
+	}
+}

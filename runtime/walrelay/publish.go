@@ -1,0 +1,97 @@
+package walrelay
+
+import (
+	"context"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/protoevents/protoevents/runtime/internal/kafkawriter"
+)
+
+// publisher sends the stream's transactions to Kafka in the order handed,
+// one produce call at a time, and reports each acknowledged call to the
+// watermark. A failed call is sent again, whole, with backoff, for ever:
+// nothing is skipped, so a record the brokers keep refusing (a topic that
+// does not exist) holds the slot, and /readyz and the log say why.
+type publisher struct {
+	r  *Relay
+	w  *kafka.Writer
+	wm *watermark
+	in <-chan *txn
+	// stop asks for a graceful end: finish the call in flight, start no
+	// other. The context given to run ends the call in flight too.
+	stop <-chan struct{}
+}
+
+func (p *publisher) run(ctx context.Context) {
+	var batch []*txn
+	var msgs []kafka.Message
+	for {
+		batch, msgs = batch[:0], msgs[:0]
+		select {
+		case t := <-p.in:
+			batch, msgs = append(batch, t), append(msgs, t.msgs...)
+		case <-p.stop:
+			return
+		case <-ctx.Done():
+			return
+		}
+		size := 0
+		for i := range msgs {
+			size += kafkawriter.Size(&msgs[i])
+		}
+	fill:
+		for len(msgs) < p.r.cfg.batchSize && size < kafkawriter.MaxBatchBytes {
+			select {
+			case t := <-p.in:
+				batch, msgs = append(batch, t), append(msgs, t.msgs...)
+				for i := range t.msgs {
+					size += kafkawriter.Size(&t.msgs[i])
+				}
+			default:
+				break fill
+			}
+		}
+		if !p.send(ctx, msgs) {
+			return
+		}
+		p.wm.acked(len(batch), batch[len(batch)-1].end)
+		p.r.state.published(len(msgs))
+		if f := p.r.cfg.hooks.Published; f != nil {
+			f(len(msgs))
+		}
+		for i := range batch {
+			batch[i] = nil
+		}
+	}
+}
+
+// send produces msgs until the brokers acknowledge them all; false when
+// ctx ended first.
+func (p *publisher) send(ctx context.Context, msgs []kafka.Message) bool {
+	// kafka-go reserves BatchSize messages per partition batch: sized to
+	// the call (docs/design.md, "The trickle path").
+	p.w.BatchSize = max(1, len(msgs))
+	backoff := 50 * time.Millisecond
+	for {
+		err := p.w.WriteMessages(ctx, msgs...)
+		if err == nil {
+			return true
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+		p.r.state.failed(err)
+		if f := p.r.cfg.hooks.PublishFailed; f != nil {
+			f(err)
+		}
+		p.r.cfg.log.Warn("walrelay: publish failed; sending the batch again", "records", len(msgs), "retry_in", backoff, "err", err)
+		select {
+		case <-time.After(backoff):
+		case <-ctx.Done():
+			return false
+		}
+		backoff = min(2*backoff, 5*time.Second)
+	}
+}

@@ -1,0 +1,265 @@
+package walrelay
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/protoevents/protoevents/runtime/internal/health"
+	"github.com/protoevents/protoevents/runtime/internal/kafkawriter"
+	"github.com/protoevents/protoevents/runtime/internal/walrecord"
+)
+
+// Relay publishes the events outbox Writers with outbox.WithWALSource
+// emitted, reading them from a logical replication slot. Build it with New
+// and call Run. Several relays may run on one slot: Postgres lets one at a
+// time stream from it, the others wait as standbys and take over when it
+// stops or dies.
+type Relay struct {
+	pool    *pgxpool.Pool
+	brokers []string
+	cfg     config
+	state   state
+}
+
+// New returns a WAL relay that reads the slot (WithSlot) in the pool's
+// database and publishes to brokers. The pool's connection settings are
+// used for the replication connection too (as replication=database); the
+// role needs the REPLICATION attribute.
+func New(pool *pgxpool.Pool, brokers []string, opts ...Option) (*Relay, error) {
+	if pool == nil {
+		return nil, errors.New("walrelay: nil pool")
+	}
+	if len(brokers) == 0 {
+		return nil, errors.New("walrelay: no brokers")
+	}
+	c, err := newConfig(opts)
+	if err != nil {
+		return nil, err
+	}
+	return &Relay{pool: pool, brokers: brokers, cfg: c}, nil
+}
+
+// errStandby is a session's end when another relay holds the slot.
+var errStandby = errors.New("the slot is held by another relay")
+
+// Run streams until ctx is done, then lets the batch in flight finish
+// (WithShutdownGrace), confirms what was acknowledged and returns nil.
+// Through database and broker outages it waits and retries; it returns an
+// error only for what an operator must fix: wal_level not logical
+// (ErrWALLevel), the slot missing (ErrNoSlot) or invalidated
+// (ErrSlotInvalidated).
+func (r *Relay) Run(ctx context.Context) error {
+	r.state.running(true)
+	defer r.state.running(false)
+	var tr *kafka.Transport
+	if r.cfg.tls != nil || r.cfg.sasl != nil {
+		tr = &kafka.Transport{TLS: r.cfg.tls, SASL: r.cfg.sasl}
+		defer tr.CloseIdleConnections()
+	}
+	backoff := 100 * time.Millisecond
+	for {
+		err := r.session(ctx, tr)
+		if ctx.Err() != nil {
+			return nil
+		}
+		switch {
+		case errors.Is(err, errStandby):
+			r.state.standby(err)
+			backoff = 100 * time.Millisecond
+			if !sleep(ctx, r.cfg.standbyRetry) {
+				return nil
+			}
+			continue
+		case errors.Is(err, ErrWALLevel), errors.Is(err, ErrNoSlot), errors.Is(err, ErrSlotInvalidated):
+			r.state.failed(err)
+			return err
+		}
+		r.state.failed(err)
+		r.cfg.log.Warn("walrelay: session ended; reconnecting", "slot", r.cfg.slot, "retry_in", backoff, "err", err)
+		if !sleep(ctx, backoff) {
+			return nil
+		}
+		backoff = min(2*backoff, 10*time.Second)
+	}
+}
+
+// session streams once: connect, take the slot, publish until the
+// connection fails or ctx ends.
+func (r *Relay) session(ctx context.Context, tr *kafka.Transport) error {
+	if err := checkWALLevel(ctx, r.pool); err != nil {
+		return err
+	}
+	if err := r.checkSlot(ctx); err != nil {
+		return err
+	}
+	cc := r.pool.Config().ConnConfig.Config.Copy()
+	if cc.RuntimeParams == nil {
+		cc.RuntimeParams = map[string]string{}
+	}
+	cc.RuntimeParams["replication"] = "database"
+	cc.RuntimeParams["application_name"] = "protoevents-walrelay"
+	conn, err := pgconn.ConnectConfig(ctx, cc)
+	if err != nil {
+		return fmt.Errorf("walrelay: replication connection: %w", err)
+	}
+	defer func() {
+		cctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = conn.Close(cctx)
+	}()
+	err = pglogrepl.StartReplication(ctx, conn, r.cfg.slot, 0, pglogrepl.StartReplicationOptions{PluginArgs: pluginArgs(r.cfg.publication)})
+	if err != nil {
+		return r.startFailed(ctx, err)
+	}
+	// Only this session can move the slot now: its confirmed position is
+	// where the stream starts, and what status updates must never go
+	// below.
+	st, err := SlotStatus(ctx, r.pool, WithSlot(r.cfg.slot))
+	if err != nil {
+		return err
+	}
+	start, err := pglogrepl.ParseLSN(st.Confirmed)
+	if err != nil {
+		return fmt.Errorf("walrelay: slot %q confirmed position %q: %w", r.cfg.slot, st.Confirmed, err)
+	}
+	wm := &watermark{}
+	wm.start(start)
+	r.state.active(true)
+	if f := r.cfg.hooks.Active; f != nil {
+		f(true)
+	}
+	defer func() {
+		r.state.active(false)
+		if f := r.cfg.hooks.Active; f != nil {
+			f(false)
+		}
+	}()
+	r.cfg.log.Info("walrelay: streaming", "slot", r.cfg.slot, "from", start)
+
+	ch := make(chan *txn, 4*r.cfg.batchSize)
+	stop := make(chan struct{})
+	pctx, cancelPublish := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelPublish()
+	p := &publisher{r: r, w: kafkawriter.New(kafkawriter.Config{Brokers: r.brokers, Transport: tr, MaxAttempts: r.cfg.maxAttempts,
+		WriteTimeout: r.cfg.writeTimeout, BatchSize: r.cfg.batchSize}), wm: wm, in: ch, stop: stop}
+	defer p.w.Close()
+	published := make(chan struct{})
+	go func() { defer close(published); p.run(pctx) }()
+
+	sctx, cancelStream := context.WithCancel(ctx)
+	defer cancelStream()
+	if r.cfg.heartbeat > 0 {
+		go r.heartbeats(sctx)
+	}
+	go r.watchLag(sctx, wm)
+	s := &stream{conn: conn, cfg: &r.cfg, wm: wm, out: ch}
+	go r.watchPublisher(sctx, cancelStream, published)
+	err = s.run(sctx)
+
+	// Let the batch in flight finish, then confirm what it acknowledged.
+	close(stop)
+	grace := time.NewTimer(r.cfg.grace)
+	select {
+	case <-published:
+	case <-grace.C:
+		cancelPublish()
+		<-published
+	}
+	grace.Stop()
+	fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = s.status(fctx)
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// watchPublisher ends the stream if the publisher stops on its own (it
+// does not, but a stream with nobody to hand to would wait for ever).
+func (r *Relay) watchPublisher(ctx context.Context, cancel context.CancelFunc, published <-chan struct{}) {
+	select {
+	case <-published:
+		cancel()
+	case <-ctx.Done():
+	}
+}
+
+// startFailed explains a refused START_REPLICATION.
+func (r *Relay) startFailed(ctx context.Context, err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		switch pgErr.Code {
+		case sqlstateObjectInUse:
+			return fmt.Errorf("walrelay: slot %q: %w (%s)", r.cfg.slot, errStandby, pgErr.Message)
+		case sqlstateUndefinedObject:
+			return fmt.Errorf("walrelay: slot %q: %w: create it with eventsctl wal setup (walrelay.Setup)", r.cfg.slot, ErrNoSlot)
+		}
+	}
+	if cerr := r.checkSlot(ctx); cerr != nil {
+		return cerr
+	}
+	return fmt.Errorf("walrelay: start streaming from slot %q: %w", r.cfg.slot, err)
+}
+
+// checkSlot refuses a slot that is missing or invalidated.
+func (r *Relay) checkSlot(ctx context.Context) error {
+	st, err := SlotStatus(ctx, r.pool, WithSlot(r.cfg.slot))
+	switch {
+	case err != nil:
+		return err
+	case !st.Exists:
+		return fmt.Errorf("walrelay: slot %q: %w in this database: create it with eventsctl wal setup (walrelay.Setup) before the first WAL-source write", r.cfg.slot, ErrNoSlot)
+	case st.WALStatus == "lost":
+		return fmt.Errorf("walrelay: slot %q: %w: it fell behind max_slot_wal_keep_size and Postgres removed the WAL it needed; "+
+			"events written since its confirmed position %s cannot be read: follow docs/runbook.md, \"WAL relay: an invalidated slot\"", r.cfg.slot, ErrSlotInvalidated, st.Confirmed)
+	case st.Plugin != "pgoutput":
+		return fmt.Errorf("walrelay: slot %q uses plugin %q, not pgoutput: choose another slot (WithSlot)", r.cfg.slot, st.Plugin)
+	}
+	return nil
+}
+
+// heartbeats writes a heartbeat message every interval while the session
+// streams, so the slot's position follows the WAL when no events are
+// written.
+func (r *Relay) heartbeats(ctx context.Context) {
+	t := time.NewTicker(r.cfg.heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			if _, err := r.pool.Exec(ctx, heartbeat, walrecord.HeartbeatPrefix); err != nil && ctx.Err() == nil {
+				r.cfg.log.Debug("walrelay: heartbeat failed", "err", err)
+			}
+		}
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// LiveHandler serves /livez: 200 while Run runs.
+func (r *Relay) LiveHandler() http.Handler { return health.Live(r.check) }
+
+// ReadyHandler serves /readyz: 200 while this relay streams and publishes
+// without falling behind (WithStallTimeout), or waits as a standby; 503
+// otherwise, with the reason.
+func (r *Relay) ReadyHandler() http.Handler { return health.Ready(r.check) }

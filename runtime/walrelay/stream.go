@@ -1,0 +1,193 @@
+package walrelay
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/protoevents/protoevents/runtime/internal/walrecord"
+)
+
+// txn is one committed transaction's records, handed to the publisher in
+// commit order.
+type txn struct {
+	msgs   []kafka.Message
+	end    pglogrepl.LSN // the commit record's end: confirming it skips the transaction
+	commit time.Time
+}
+
+// stream reads the slot over one replication connection, which it alone
+// uses: it decodes pgoutput into transactions for the publisher and sends
+// the standby status updates that confirm the watermark.
+type stream struct {
+	conn       *pgconn.PgConn
+	cfg        *config
+	wm         *watermark
+	out        chan<- *txn
+	cur        *txn // the transaction being read; nil between transactions
+	nextStatus time.Time
+}
+
+// pluginArgs start pgoutput with logical decoding messages on: the
+// publication lists no table, so the messages are all that comes.
+func pluginArgs(publication string) []string {
+	return []string{"proto_version '1'", fmt.Sprintf("publication_names '%s'", publication), "messages 'true'"}
+}
+
+// run reads until ctx is done or the connection fails.
+func (s *stream) run(ctx context.Context) error {
+	for {
+		if !time.Now().Before(s.nextStatus) {
+			if err := s.status(ctx); err != nil {
+				return err
+			}
+		}
+		rctx, cancel := context.WithDeadline(ctx, s.nextStatus)
+		raw, err := s.conn.ReceiveMessage(rctx)
+		cancel()
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			if pgconn.Timeout(err) {
+				continue
+			}
+			return fmt.Errorf("walrelay: read the slot: %w", err)
+		}
+		switch m := raw.(type) {
+		case *pgproto3.ErrorResponse:
+			return fmt.Errorf("walrelay: read the slot: %w", pgconn.ErrorResponseToPgError(m))
+		case *pgproto3.CopyData:
+			if err := s.copyData(ctx, m.Data); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+func (s *stream) copyData(ctx context.Context, data []byte) error {
+	if len(data) == 0 {
+		return nil
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		k, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return fmt.Errorf("walrelay: keepalive: %w", err)
+		}
+		if s.cur == nil {
+			s.wm.idle(k.ServerWALEnd)
+		}
+		if k.ReplyRequested {
+			s.nextStatus = time.Time{}
+		}
+	case pglogrepl.XLogDataByteID:
+		x, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return fmt.Errorf("walrelay: WAL data: %w", err)
+		}
+		return s.logical(ctx, x.WALData)
+	}
+	return nil
+}
+
+// logical handles one pgoutput message.
+func (s *stream) logical(ctx context.Context, data []byte) error {
+	msg, err := pglogrepl.Parse(data)
+	if err != nil {
+		return fmt.Errorf("walrelay: decode pgoutput: %w", err)
+	}
+	switch m := msg.(type) {
+	case *pglogrepl.BeginMessage:
+		s.cur = &txn{commit: m.CommitTime}
+	case *pglogrepl.LogicalDecodingMessage:
+		if m.Prefix != walrecord.Prefix {
+			if !m.Transactional && s.cur == nil {
+				s.wm.idle(m.LSN) // a heartbeat, or someone else's message
+			}
+			return nil
+		}
+		// The content is the connection's read buffer, reused by the next
+		// receive: the record keeps slices of its own copy.
+		rec, err := walrecord.Decode(bytes.Clone(m.Content))
+		if err != nil {
+			// Only outbox Writers write this prefix: a record this relay
+			// cannot read is from a newer version. Stop here rather than
+			// skip it; /readyz and the log say why.
+			return fmt.Errorf("walrelay: the message at %v: %w", m.LSN, err)
+		}
+		km := kafkaMessage(rec)
+		if !m.Transactional || s.cur == nil {
+			// Not written by an outbox Writer (they are transactional):
+			// published on its own, confirmed at its position (a restart
+			// sends it again rather than skip it).
+			return s.hand(ctx, &txn{msgs: []kafka.Message{km}, end: m.LSN, commit: time.Now()})
+		}
+		s.cur.msgs = append(s.cur.msgs, km)
+	case *pglogrepl.CommitMessage:
+		t := s.cur
+		s.cur = nil
+		if t == nil {
+			return nil
+		}
+		t.end = m.TransactionEndLSN
+		if len(t.msgs) == 0 {
+			s.wm.idle(t.end)
+			return nil
+		}
+		return s.hand(ctx, t)
+	}
+	return nil
+}
+
+// kafkaMessage is the record as the relay sends it.
+func kafkaMessage(r walrecord.Record) kafka.Message {
+	m := kafka.Message{Topic: r.Topic, Key: r.Key, Value: r.Value}
+	if len(r.Headers) > 0 {
+		m.Headers = make([]kafka.Header, len(r.Headers))
+		for i, h := range r.Headers {
+			m.Headers[i] = kafka.Header{Key: h.Key, Value: h.Value}
+		}
+	}
+	return m
+}
+
+// hand gives t to the publisher, still confirming on time while the
+// publisher is busy (a connection without status updates for
+// wal_sender_timeout is closed by the server).
+func (s *stream) hand(ctx context.Context, t *txn) error {
+	s.wm.hand(t.commit)
+	for {
+		wait := time.NewTimer(time.Until(s.nextStatus))
+		select {
+		case s.out <- t:
+			wait.Stop()
+			return nil
+		case <-ctx.Done():
+			wait.Stop()
+			return ctx.Err()
+		case <-wait.C:
+			if err := s.status(ctx); err != nil {
+				return err
+			}
+		}
+	}
+}
+
+// status confirms the watermark to the server.
+func (s *stream) status(ctx context.Context) error {
+	pos := s.wm.confirm()
+	if err := pglogrepl.SendStandbyStatusUpdate(ctx, s.conn, pglogrepl.StandbyStatusUpdate{
+		WALWritePosition: pos, WALFlushPosition: pos, WALApplyPosition: pos, ClientTime: time.Now(),
+	}); err != nil {
+		return fmt.Errorf("walrelay: confirm %v: %w", pos, err)
+	}
+	s.nextStatus = time.Now().Add(s.cfg.statusInterval)
+	return nil
+}
