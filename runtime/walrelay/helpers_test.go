@@ -223,12 +223,14 @@ func waitFor(t testing.TB, what string, cond func() bool) {
 
 // waitConfirmed waits until the slot has confirmed everything written so
 // far: every event committed before the call is then acknowledged by
-// Kafka (the heartbeats move the position past the last commit).
+// Kafka (the heartbeats move the position past the last commit). The
+// target is the insert position, not pg_current_wal_lsn's write position,
+// which lags the last commit under synchronous_commit = off.
 func (b *bundle) waitConfirmed(t testing.TB) {
 	t.Helper()
 	ctx := context.Background()
 	var now string
-	if err := b.pool.QueryRow(ctx, `SELECT pg_current_wal_lsn()::text`).Scan(&now); err != nil {
+	if err := b.pool.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&now); err != nil {
 		t.Fatal(err)
 	}
 	target, err := pglogrepl.ParseLSN(now)
@@ -249,3 +251,5 @@ func (b *bundle) readAll(t testing.TB) [][]testenv.Delivered {
 	t.Helper()
 	return testenv.ReadTopic(t, b.brokers, b.topic, b.parts)
 }
+
+func TestMain(m *testing.M) { servers.Main(m) }
