@@ -47,12 +47,12 @@ var dbSeq atomic.Int64
 // logicalDB returns a database on a server with wal_level = logical: a
 // cluster of the test's own, or a new database on the server the
 // environment names.
-func logicalDB(t testing.TB) (*pgcluster.Cluster, *pgxpool.Pool) {
+func logicalDB(t testing.TB, opts ...pgcluster.Option) (*pgcluster.Cluster, *pgxpool.Pool) {
 	t.Helper()
 	ctx := context.Background()
 	url := os.Getenv(EnvLogicalDatabaseURL)
 	if url == "" {
-		return testenv.OwnCluster(t, ctx, pgcluster.WithSetting("wal_level", "logical"))
+		return testenv.OwnCluster(t, ctx, append([]pgcluster.Option{pgcluster.WithSetting("wal_level", "logical")}, opts...)...)
 	}
 	name := fmt.Sprintf("walrelay_%d_%d", os.Getpid(), dbSeq.Add(1))
 	admin, err := pgx.Connect(ctx, url)
@@ -87,10 +87,11 @@ func logicalDB(t testing.TB) (*pgcluster.Cluster, *pgxpool.Pool) {
 	return nil, pool
 }
 
-func setup(t testing.TB, partitions int) *bundle {
+// setup makes a test's bundle; opts are settings for a cluster of its own.
+func setup(t testing.TB, partitions int, opts ...pgcluster.Option) *bundle {
 	t.Helper()
 	ctx := context.Background()
-	cluster, pool := logicalDB(t)
+	cluster, pool := logicalDB(t, opts...)
 	b := &bundle{cluster: cluster, pool: pool, kafka: servers.Kafka(t), parts: partitions, slot: DefaultSlot}
 	b.brokers = b.kafka.Brokers
 	b.topic = servers.Topic(t, "walrelay")
