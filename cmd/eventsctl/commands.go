@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"slices"
@@ -24,6 +25,7 @@ import (
 	"github.com/protoevents/protoevents/runtime/outbox"
 	"github.com/protoevents/protoevents/runtime/prommetrics"
 	"github.com/protoevents/protoevents/runtime/topics"
+	"github.com/protoevents/protoevents/runtime/walrelay"
 )
 
 // connectTimeout bounds how long connect waits for the server (a variable
@@ -144,21 +146,27 @@ several instances at once.`)
 
 func runRelay(ctx context.Context, env *cliEnv, args []string) error {
 	fs := newFlags(env, "relay", "[flags]", `
-Publishes committed outbox rows to Kafka, in per-key order, until SIGINT or
-SIGTERM. Run several for availability: they split the outbox's key-hash
-lanes between them (see --lanes of migrate). Serves Prometheus metrics
-(/metrics), liveness (/livez, also /healthz) and readiness (/readyz: database
-and brokers reachable, progress on the backlog) on --metrics-addr. Waits for
-Postgres and Kafka at start and through outages, never exits on one.`)
+Publishes committed events to Kafka, in per-key order, until SIGINT or
+SIGTERM. --source table (the default) polls the outbox table: run several
+for availability, they split the outbox's key-hash lanes between them (see
+--lanes of migrate). --source wal reads the logical replication slot that
+outbox writers with the WAL source emit into (see "eventsctl wal"): run
+several, one streams and the others wait as standbys. Serves Prometheus
+metrics (/metrics), liveness (/livez, also /healthz) and readiness
+(/readyz: database and brokers reachable, progress on the backlog) on
+--metrics-addr. Waits for Postgres and Kafka at start and through outages,
+never exits on one.`)
 	db := dbFlag(fs, env)
 	brokers := brokersFlag(fs, env)
-	table := fs.String("outbox-table", outbox.DefaultTable, `outbox table, "name" or "schema.name"`)
+	source := fs.String("source", "table", `where events come from: "table" (poll the outbox table) or "wal" (stream a replication slot)`)
+	table := fs.String("outbox-table", outbox.DefaultTable, `outbox table, "name" or "schema.name" (--source table)`)
+	slot := fs.String("slot", walrelay.DefaultSlot, "logical replication slot (--source wal)")
 	batch := fs.Int("batch", 500, "most rows per Kafka produce request (the batch size adapts to the backlog up to this)")
-	workers := fs.Int("workers", 1, "lane workers, each with its own database session and share of the lanes (raises one relay's drain rate)")
-	poll := fs.Duration("poll", 100*time.Millisecond, "longest idle poll interval: the relay polls every 1ms right after work, backing off to this")
-	retention := fs.Duration("retention", 24*time.Hour, "keep published rows this long before deleting them")
+	workers := fs.Int("workers", 1, "lane workers, each with its own database session and share of the lanes (--source table)")
+	poll := fs.Duration("poll", 100*time.Millisecond, "longest idle poll interval: the relay polls every 1ms right after work, backing off to this (--source table)")
+	retention := fs.Duration("retention", 24*time.Hour, "keep published rows this long before deleting them (--source table)")
 	grace := fs.Duration("shutdown-grace", 5*time.Second, "on SIGINT/SIGTERM, how long the batch in flight may take to be acknowledged and marked")
-	stall := fs.Duration("stall-timeout", time.Minute, "/readyz fails when rows have been pending this long with nothing published")
+	stall := fs.Duration("stall-timeout", time.Minute, "/readyz fails when events have been pending this long with nothing published")
 	metricsAddr := fs.String("metrics-addr", ":9090", `address serving /metrics, /livez, /readyz and /healthz ("" disables)`)
 	newLogger := logFlags(fs, env)
 	if err := parse(fs, args); err != nil {
@@ -169,6 +177,9 @@ Postgres and Kafka at start and through outages, never exits on one.`)
 	}
 	if err := need(*brokers, "brokers", "PROTOEVENTS_KAFKA_BROKERS"); err != nil {
 		return err
+	}
+	if *source != "table" && *source != "wal" {
+		return fmt.Errorf("%w: --source %q: want table or wal", errUsage, *source)
 	}
 	if *batch < 1 || *batch > 10000 {
 		return fmt.Errorf("%w: --batch %d: want 1..10000", errUsage, *batch)
@@ -197,11 +208,25 @@ Postgres and Kafka at start and through outages, never exits on one.`)
 
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	reg.MustRegister(prommetrics.NewOutboxCollector(pool, outbox.WithTable(*table))) // per-topic backlog, failing keys, parked rows
 	metrics, err := prommetrics.New(reg)
 	if err != nil {
 		return err
 	}
+	if *source == "wal" {
+		relay, err := walrelay.New(pool, splitList(*brokers), walrelay.WithSlot(*slot), walrelay.WithBatchSize(*batch),
+			walrelay.WithHooks(metrics.WALRelay()), walrelay.WithLogger(log), walrelay.WithShutdownGrace(*grace), walrelay.WithStallTimeout(*stall))
+		if err != nil {
+			return fmt.Errorf("%w: %v", errUsage, err)
+		}
+		stop, err := serveHealth(log, *metricsAddr, reg, relay.LiveHandler(), relay.ReadyHandler())
+		if err != nil {
+			return err
+		}
+		defer stop()
+		log.Info("relay starting", "source", "wal", "slot", *slot, "brokers", *brokers, "batch", *batch)
+		return relay.Run(ctx)
+	}
+	reg.MustRegister(prommetrics.NewOutboxCollector(pool, outbox.WithTable(*table))) // per-topic backlog, failing keys, parked rows
 	relay, err := outbox.NewRelay(pool, splitList(*brokers),
 		outbox.WithTable(*table), outbox.WithBatchSize(*batch), outbox.WithWorkers(*workers), outbox.WithPollInterval(*poll),
 		outbox.WithRetention(*retention), outbox.WithHooks(metrics.Relay()), outbox.WithLogger(log),
@@ -209,31 +234,45 @@ Postgres and Kafka at start and through outages, never exits on one.`)
 	if err != nil {
 		return err
 	}
-	if *metricsAddr != "" {
-		ln, err := net.Listen("tcp", *metricsAddr)
-		if err != nil {
-			return fmt.Errorf("metrics: listen on %s (change --metrics-addr): %w", *metricsAddr, err)
-		}
-		mux := http.NewServeMux()
-		mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-		mux.Handle("/livez", relay.LiveHandler())
-		mux.Handle("/healthz", relay.LiveHandler()) // the older name of /livez
-		mux.Handle("/readyz", relay.ReadyHandler())
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		go func() {
-			if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				log.Error("metrics server stopped", "err", err)
-			}
-		}()
-		defer func() {
-			shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			_ = srv.Shutdown(shutdownCtx)
-		}()
-		log.Info("serving metrics", "addr", ln.Addr().String())
+	stop, err := serveHealth(log, *metricsAddr, reg, relay.LiveHandler(), relay.ReadyHandler())
+	if err != nil {
+		return err
 	}
-	log.Info("relay starting", "outbox", *table, "brokers", *brokers, "batch", *batch, "workers", *workers)
+	defer stop()
+	log.Info("relay starting", "source", "table", "outbox", *table, "brokers", *brokers, "batch", *batch, "workers", *workers)
 	return relay.Run(ctx)
+}
+
+// serveHealth serves /metrics, /livez (and its older name /healthz) and
+// /readyz on addr until the returned stop is called; "" serves nothing.
+func serveHealth(log *slog.Logger, addr string, reg *prometheus.Registry, live, ready http.Handler) (stop func(), err error) {
+	if addr == "" {
+		return func() {}, nil
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: listen on %s (change --metrics-addr): %w", addr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("/livez", live)
+	mux.Handle("/healthz", live) // the older name of /livez
+	mux.Handle("/readyz", ready)
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server stopped", "err", err)
+		}
+	}()
+	log.Info("serving metrics", "addr", ln.Addr().String())
+	return func() {
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+		<-done
+	}, nil
 }
 
 func runTopics(ctx context.Context, env *cliEnv, args []string) error {

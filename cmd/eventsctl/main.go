@@ -45,6 +45,7 @@ type command struct {
 var commands = []command{
 	{"migrate", "create or upgrade the outbox and dedup tables (idempotent)", runMigrate},
 	{"relay", "run the outbox relay: publish committed events to Kafka", runRelay},
+	{"wal", "the WAL relay's replication slot: setup, status (lag, invalidation risk), drop", runWAL},
 	{"topics", "create or check event topics and their DLQ topics (from events.lock)", runTopics},
 	{"outbox", "outbox status per topic; list, retry, park or drop stuck rows", runOutbox},
 	{"dlq", "dead-letter queues: list, show and redrive messages", runDLQ},

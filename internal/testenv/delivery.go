@@ -181,3 +181,27 @@ func CheckDelivery(t testing.TB, parts [][]Delivered, want map[string]int) int {
 	}
 	return dups
 }
+
+// CountRecords counts the records of topic's partitions (0..parts-1).
+func CountRecords(t testing.TB, brokers []string, topic string, parts int) int {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: time.Minute}
+	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
+	for p := range parts {
+		req.Topics[topic] = append(req.Topics[topic], kafka.LastOffsetOf(p))
+	}
+	resp, err := cl.ListOffsets(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, po := range resp.Topics[topic] {
+		if po.Error != nil {
+			t.Fatal(po.Error)
+		}
+		n += int(po.LastOffset)
+	}
+	return n
+}

@@ -21,6 +21,7 @@ import (
 	"github.com/protoevents/protoevents/runtime/consumer"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/outbox"
+	"github.com/protoevents/protoevents/runtime/walrelay"
 )
 
 // Metrics holds the protoevents collectors.
@@ -37,6 +38,9 @@ type Metrics struct {
 	deadLettered   *prometheus.CounterVec
 	handlerLatency *prometheus.HistogramVec
 	consumerLag    *prometheus.GaugeVec
+	walLagBytes    prometheus.Gauge
+	walBehind      prometheus.Gauge
+	walActive      prometheus.Gauge
 }
 
 // New creates the collectors and registers them on reg. It fails if reg
@@ -93,10 +97,23 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Namespace: "protoevents", Subsystem: "consumer", Name: "lag_messages",
 			Help: "Messages in the partition after the last fetched one.",
 		}, []string{"consumer", "topic", "partition"}),
+		walLagBytes: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "protoevents", Subsystem: "walrelay", Name: "slot_lag_bytes",
+			Help: "WAL the WAL relay's replication slot retains (written since its confirmed position); alert well below max_slot_wal_keep_size.",
+		}),
+		walBehind: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "protoevents", Subsystem: "walrelay", Name: "behind_seconds",
+			Help: "How long the oldest event the WAL relay read and Kafka has not acknowledged has been committed.",
+		}),
+		walActive: prometheus.NewGauge(prometheus.GaugeOpts{
+			Namespace: "protoevents", Subsystem: "walrelay", Name: "active",
+			Help: "1 while this WAL relay streams from the slot, 0 while it waits as a standby.",
+		}),
 	}
 	for _, c := range []prometheus.Collector{
 		m.relayBatches, m.relayPublished, m.relayErrors, m.outboxPending, m.outboxOldest, m.relayLanes,
 		m.consumed, m.duplicates, m.retries, m.deadLettered, m.handlerLatency, m.consumerLag,
+		m.walLagBytes, m.walBehind, m.walActive,
 	} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
@@ -116,6 +133,27 @@ func (m *Metrics) Relay() outbox.Hooks {
 			m.outboxOldest.Set(oldest.Seconds())
 		},
 		Lanes: func(owned int) { m.relayLanes.Set(float64(owned)) },
+	}
+}
+
+// WALRelay returns the hooks to pass to walrelay.WithHooks: published
+// records and failures count in the relay series the polling relay uses,
+// the slot's lag and the relay's role in the walrelay series.
+func (m *Metrics) WALRelay() walrelay.Hooks {
+	return walrelay.Hooks{
+		Published:     func(n int) { m.relayPublished.Add(float64(n)) },
+		PublishFailed: func(error) { m.relayErrors.Inc() },
+		Lag: func(bytes int64, behind time.Duration) {
+			m.walLagBytes.Set(float64(bytes))
+			m.walBehind.Set(behind.Seconds())
+		},
+		Active: func(on bool) {
+			if on {
+				m.walActive.Set(1)
+			} else {
+				m.walActive.Set(0)
+			}
+		},
 	}
 }
 

@@ -20,6 +20,7 @@ type state struct {
 	pubAt     time.Time
 	records   int64
 	lagBytes  int64
+	walStatus string
 	behind    time.Duration
 	waiting   int
 	stall     time.Duration
@@ -60,9 +61,9 @@ func (s *state) published(n int) {
 	s.mu.Unlock()
 }
 
-func (s *state) lag(bytes int64, behind time.Duration, waiting int) {
+func (s *state) lag(bytes int64, walStatus string, behind time.Duration, waiting int) {
 	s.mu.Lock()
-	s.lagBytes, s.behind, s.waiting = bytes, behind, waiting
+	s.lagBytes, s.walStatus, s.behind, s.waiting = bytes, walStatus, behind, waiting
 	s.mu.Unlock()
 }
 
@@ -79,7 +80,10 @@ type Status struct {
 	// not yet acknowledged has been committed, Waiting how many
 	// transactions are in that state.
 	LagBytes int64
-	Behind   time.Duration
+	// WALStatus is the slot's wal_status ("unreserved": at risk of
+	// invalidation).
+	WALStatus string
+	Behind    time.Duration
 	Waiting  int
 	// LastError is the latest failure (a publish, a lost connection), nil
 	// once the relay streams again.
@@ -92,7 +96,7 @@ func (r *Relay) Status() Status {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return Status{Running: s.run, Active: s.isActive, Standby: s.isStandby, Published: s.records,
-		LagBytes: s.lagBytes, Behind: s.behind, Waiting: s.waiting, LastError: s.lastErr}
+		LagBytes: s.lagBytes, WALStatus: s.walStatus, Behind: s.behind, Waiting: s.waiting, LastError: s.lastErr}
 }
 
 // check is the health handlers' verdict.
@@ -108,6 +112,10 @@ func (r *Relay) check() (string, bool, bool) {
 		fmt.Fprintf(&b, "walrelay: standby for slot %q: %s\n", r.cfg.slot, r.state.why)
 	case st.Active && st.Behind > r.cfg.stallTimeout:
 		fmt.Fprintf(&b, "walrelay: active, but the oldest unpublished event was committed %v ago (stall timeout %v)\n", st.Behind.Round(time.Millisecond), r.cfg.stallTimeout)
+	case st.Active && st.WALStatus == "unreserved":
+		fmt.Fprintf(&b, "walrelay: active, but slot %q is past max_wal_size and will be invalidated at max_slot_wal_keep_size\n", r.cfg.slot)
+	case st.Active && r.cfg.maxLagBytes > 0 && st.LagBytes > r.cfg.maxLagBytes:
+		fmt.Fprintf(&b, "walrelay: active, but slot %q retains %d bytes of WAL, over the bound of %d\n", r.cfg.slot, st.LagBytes, r.cfg.maxLagBytes)
 	case st.Active:
 		ready = true
 		b.WriteString("walrelay: active\n")
@@ -133,12 +141,12 @@ func (r *Relay) watchLag(ctx context.Context, wm *watermark) {
 			return
 		case <-t.C:
 		}
-		st, err := SlotStatus(ctx, r.pool, WithSlot(r.cfg.slot), WithPublication(r.cfg.publication))
+		st, err := SlotStatus(ctx, r.pool, WithSlot(r.cfg.slot))
 		if err != nil {
 			continue
 		}
 		behind, waiting := wm.behind(time.Now())
-		r.state.lag(st.LagBytes, behind, waiting)
+		r.state.lag(st.LagBytes, st.WALStatus, behind, waiting)
 		if f := r.cfg.hooks.Lag; f != nil {
 			f(st.LagBytes, behind)
 		}

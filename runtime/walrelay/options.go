@@ -28,6 +28,7 @@ type config struct {
 	heartbeat         time.Duration
 	standbyRetry      time.Duration
 	stallTimeout      time.Duration
+	maxLagBytes       int64
 	writeTimeout      time.Duration
 	maxAttempts       int
 	grace             time.Duration
@@ -42,7 +43,7 @@ func newConfig(opts []Option) (config, error) {
 	c := config{
 		slot: DefaultSlot, publication: DefaultPublication,
 		batchSize: 1000, statusInterval: time.Second, heartbeat: 10 * time.Second,
-		standbyRetry: 2 * time.Second, stallTimeout: time.Minute,
+		standbyRetry: 2 * time.Second, stallTimeout: time.Minute, maxLagBytes: 1 << 30,
 		writeTimeout: 10 * time.Second, maxAttempts: 3, grace: 5 * time.Second,
 		log: slog.Default(),
 	}
@@ -129,6 +130,19 @@ func WithStandbyRetry(d time.Duration) Option {
 // /readyz fails (default 1m).
 func WithStallTimeout(d time.Duration) Option {
 	return positive("stall timeout", d, func(c *config) { c.stallTimeout = d })
+}
+
+// WithMaxLagBytes sets how much WAL the slot may retain before /readyz
+// fails (default 1 GiB; 0: no bound). Keep it well below the server's
+// max_slot_wal_keep_size, past which Postgres invalidates the slot.
+func WithMaxLagBytes(n int64) Option {
+	return func(c *config) {
+		if n < 0 {
+			c.fail("max lag bytes %d must not be negative", n)
+			return
+		}
+		c.maxLagBytes = n
+	}
 }
 
 // WithShutdownGrace sets how long, once Run's context is done, the batch in
