@@ -84,7 +84,7 @@ type Status struct {
 	// invalidation).
 	WALStatus string
 	Behind    time.Duration
-	Waiting  int
+	Waiting   int
 	// LastError is the latest failure (a publish, a lost connection), nil
 	// once the relay streams again.
 	LastError error
