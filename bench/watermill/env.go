@@ -25,33 +25,42 @@ import (
 // in-process Kafka cluster, for both systems.
 type env struct {
 	url     string
+	walURL  string // the logical server of the WAL measurements (wal.go); "" unless -only has wal
 	brokers []string
-	stop    func()
+	stops   []func()
 }
 
-func startEnv(ctx context.Context) (*env, error) {
+func startEnv(ctx context.Context, wal bool) (*env, error) {
 	e := &env{url: os.Getenv("PROTOEVENTS_TEST_DATABASE_URL")}
-	var stops []func()
 	if e.url == "" {
 		pg, err := pgcluster.Start(ctx)
 		if err != nil {
 			return nil, fmt.Errorf("no PROTOEVENTS_TEST_DATABASE_URL and no throwaway Postgres: %w", err)
 		}
 		e.url = pg.URL
-		stops = append(stops, func() { _ = pg.Stop() })
+		e.stops = append(e.stops, func() { _ = pg.Stop() })
 	}
 	k, err := kafkacluster.StartFake()
 	if err != nil {
+		e.stop()
 		return nil, err
 	}
 	e.brokers = k.Brokers
-	stops = append(stops, k.Close)
-	e.stop = func() {
-		for i := len(stops) - 1; i >= 0; i-- {
-			stops[i]()
+	e.stops = append(e.stops, k.Close)
+	if wal {
+		if err := startLogical(ctx, e); err != nil {
+			e.stop()
+			return nil, err
 		}
 	}
 	return e, nil
+}
+
+// stop stops what startEnv started, last first.
+func (e *env) stop() {
+	for i := len(e.stops) - 1; i >= 0; i-- {
+		e.stops[i]()
+	}
 }
 
 func suffix() string {
@@ -69,8 +78,13 @@ type schema struct {
 }
 
 func (e *env) newSchema(ctx context.Context, prefix string) (*schema, error) {
+	return e.newSchemaOn(ctx, e.url, prefix)
+}
+
+// newSchemaOn is newSchema on the server at url.
+func (e *env) newSchemaOn(ctx context.Context, url, prefix string) (*schema, error) {
 	name := prefix + "_" + suffix()
-	conn, err := pgx.Connect(ctx, e.url)
+	conn, err := pgx.Connect(ctx, url)
 	if err != nil {
 		return nil, fmt.Errorf("connect to Postgres: %w", err)
 	}
@@ -78,7 +92,7 @@ func (e *env) newSchema(ctx context.Context, prefix string) (*schema, error) {
 	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return nil, err
 	}
-	cfg, err := pgxpool.ParseConfig(e.url)
+	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, err
 	}
@@ -88,7 +102,7 @@ func (e *env) newSchema(ctx context.Context, prefix string) (*schema, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &schema{name: name, pool: pool, url: e.url}
+	s := &schema{name: name, pool: pool, url: url}
 	if _, err := pool.Exec(ctx, `CREATE TABLE orders (id bigserial PRIMARY KEY, order_id text NOT NULL, customer text NOT NULL,
 		amount_cents bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 		s.drop()

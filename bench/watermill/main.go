@@ -5,7 +5,7 @@
 // line (BenchmarkWatermill/…) plus the ratios, median and range over the
 // rounds. bench/report reads the lines and checks the targets.
 //
-//	go run . [-rounds 3] [-events 20000] [-workers 2] [-consume 5000] [-write 3s] [-e2e 3s] [-only drain,write,consume,e2e] [-cpuprofile file]
+//	go run . [-rounds 3] [-events 20000] [-workers 2] [-consume 5000] [-write 3s] [-e2e 3s] [-only drain,write,consume,e2e,wal] [-cpuprofile file]
 //
 // Postgres is $PROTOEVENTS_TEST_DATABASE_URL or, without it, a throwaway
 // cluster; Kafka is always in-process (kfake). It is its own module so the
@@ -37,7 +37,7 @@ type config struct {
 
 func main() {
 	var c config
-	only := flag.String("only", "drain,write,consume,e2e", "comma-separated measurements to run")
+	only := flag.String("only", "drain,write,consume,e2e,wal", "comma-separated measurements to run")
 	flag.IntVar(&c.rounds, "rounds", 3, "interleaved rounds")
 	flag.IntVar(&c.events, "events", 20000, "events per relay drain")
 	flag.IntVar(&c.workers, "workers", 2, "our relay's lane workers in the drain (outbox.WithWorkers), and the claim-and-mark baseline's connections")
@@ -85,7 +85,7 @@ func (r results) add(name, unit string, v float64) {
 }
 
 func run(ctx context.Context, c config) error {
-	e, err := startEnv(ctx)
+	e, err := startEnv(ctx, c.only["wal"])
 	if err != nil {
 		return err
 	}
@@ -113,6 +113,11 @@ func run(ctx context.Context, c config) error {
 		if c.only["e2e"] {
 			if err := e2eRound(ctx, e, c, res, oursFirst); err != nil {
 				return fmt.Errorf("end to end: %w", err)
+			}
+		}
+		if c.only["wal"] {
+			if err := walRound(ctx, e, c, res, oursFirst); err != nil {
+				return fmt.Errorf("WAL relay: %w", err)
 			}
 		}
 	}
@@ -358,6 +363,24 @@ func summary(res results) {
 			[3]string{fmt.Sprintf("end to end at %d/s, p99 ours / Watermill", rate), pre + "ours p99-ms", pre + "watermill p99-ms"},
 			[3]string{fmt.Sprintf("end to end at %d/s, p50 ours-apart / Watermill", rate), pre + "ours-apart p50-ms", pre + "watermill p50-ms"},
 			[3]string{fmt.Sprintf("end to end at %d/s, p99 ours-apart / Watermill", rate), pre + "ours-apart p99-ms", pre + "watermill p99-ms"})
+	}
+	for _, clients := range []int{1, 8} {
+		pre := fmt.Sprintf("wal-write-%d/", clients)
+		pairs = append(pairs,
+			[3]string{fmt.Sprintf("WAL source write, %d client(s), CommitTx / bare", clients), pre + "wal ns/op", pre + "bare ns/op"},
+			[3]string{fmt.Sprintf("WAL source write, %d client(s), plain pgx.Tx / bare", clients), pre + "wal-plain ns/op", pre + "bare ns/op"},
+			[3]string{fmt.Sprintf("table write on the logical server, %d client(s), CommitTx / bare", clients), pre + "table ns/op", pre + "bare ns/op"},
+			[3]string{fmt.Sprintf("table write on the logical server, %d client(s), plain / bare", clients), pre + "table-plain ns/op", pre + "bare ns/op"},
+			[3]string{fmt.Sprintf("raw pgx message with the COMMIT, %d client(s) / bare", clients), pre + "raw-wal ns/op", pre + "bare ns/op"})
+	}
+	pairs = append(pairs,
+		[3]string{"WAL relay drain / polling relay drain", "wal-drain/wal events/s", "wal-drain/table events/s"},
+		[3]string{"WAL relay drain / raw decoding of the slot", "wal-drain/wal events/s", "wal-drain/raw-decode events/s"})
+	for _, rate := range walE2ERates {
+		pre := fmt.Sprintf("wal-e2e-%d/", rate)
+		pairs = append(pairs,
+			[3]string{fmt.Sprintf("end to end at %d/s, p50 WAL relay / polling relay (both apart)", rate), pre + "wal-apart p50-ms", pre + "table-apart p50-ms"},
+			[3]string{fmt.Sprintf("end to end at %d/s, p99 WAL relay / polling relay (both apart)", rate), pre + "wal-apart p99-ms", pre + "table-apart p99-ms"})
 	}
 	fmt.Println("\nratios over the rounds (median, min–max):")
 	for _, p := range pairs {

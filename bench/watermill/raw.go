@@ -41,10 +41,16 @@ func rawPlain(topic string) publishFunc {
 	}
 }
 
-// rawBatchTx holds raw-batch's rows until its COMMIT.
+// rawBatchTx holds raw-batch's statements until its COMMIT.
 type rawBatchTx struct {
 	pgx.Tx
-	held [][]any
+	held []rawHeld
+}
+
+// rawHeld is one held statement.
+type rawHeld struct {
+	sql  string
+	args []any
 }
 
 // rawBatchHold is raw-batch's publish: the row waits for the COMMIT.
@@ -54,7 +60,7 @@ func rawBatchHold(topic string) publishFunc {
 		if !ok {
 			return fmt.Errorf("raw-batch: publish on a %T, not its own transaction", tx)
 		}
-		rt.held = append(rt.held, rawArgs(topic, o))
+		rt.held = append(rt.held, rawHeld{sql: rawInsert, args: rawArgs(topic, o)})
 		return nil
 	}
 }
@@ -77,8 +83,8 @@ func rawBatchBegin(ctx context.Context, pool *pgxpool.Pool, fn func(pgx.Tx) erro
 		return err
 	}
 	var b pgx.Batch
-	for _, args := range rt.held {
-		b.Queue(rawInsert, args...)
+	for _, h := range rt.held {
+		b.Queue(h.sql, h.args...)
 	}
 	b.Queue("COMMIT")
 	if err := c.SendBatch(ctx, &b).Close(); err != nil {

@@ -17,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/protoevents/protoevents/runtime/outbox"
+	"github.com/protoevents/protoevents/runtime/walrelay"
 )
 
 // The relay in a process of its own, as users deploy it (eventsctl relay):
@@ -32,7 +33,7 @@ const relayProcessFlag = "relay-process"
 // SIGINT: Postgres from PROTOEVENTS_TEST_DATABASE_URL (set by the parent),
 // the outbox in the given schema. It prints "ready" once a session of the
 // relay holds lanes, so the parent starts its clock on a relay that claims.
-func relayProcessMain(schema, brokers string, workers int) error {
+func relayProcessMain(schema, brokers string, workers int, slot string) error {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	cfg, err := pgxpool.ParseConfig(os.Getenv("PROTOEVENTS_TEST_DATABASE_URL"))
@@ -46,17 +47,38 @@ func relayProcessMain(schema, brokers string, workers int) error {
 	}
 	defer pool.Close()
 	var ready bool
-	r, err := outbox.NewRelay(pool, strings.Split(brokers, ","), outbox.WithLogger(quietLogger()), outbox.WithWorkers(workers),
-		outbox.WithHooks(outbox.Hooks{Lanes: func(owned int) {
-			if owned > 0 && !ready {
-				ready = true
-				fmt.Println("ready")
-			}
-		}}))
-	if err != nil {
-		return fmt.Errorf("relay process: %w", err)
+	markReady := func() {
+		if !ready {
+			ready = true
+			fmt.Println("ready")
+		}
 	}
-	if err := r.Run(ctx); err != nil && !errors.Is(err, context.Canceled) {
+	var run func(context.Context) error
+	if slot != "" {
+		// The WAL relay on slot (wal.go), ready once it streams.
+		r, err := walrelay.New(pool, strings.Split(brokers, ","), walrelay.WithSlot(slot), walrelay.WithLogger(quietLogger()),
+			walrelay.WithHooks(walrelay.Hooks{Active: func(on bool) {
+				if on {
+					markReady()
+				}
+			}}))
+		if err != nil {
+			return fmt.Errorf("relay process: %w", err)
+		}
+		run = r.Run
+	} else {
+		r, err := outbox.NewRelay(pool, strings.Split(brokers, ","), outbox.WithLogger(quietLogger()), outbox.WithWorkers(workers),
+			outbox.WithHooks(outbox.Hooks{Lanes: func(owned int) {
+				if owned > 0 {
+					markReady()
+				}
+			}}))
+		if err != nil {
+			return fmt.Errorf("relay process: %w", err)
+		}
+		run = r.Run
+	}
+	if err := run(ctx); err != nil && !errors.Is(err, context.Canceled) {
 		return fmt.Errorf("relay process: %w", err)
 	}
 	return nil
@@ -65,12 +87,23 @@ func relayProcessMain(schema, brokers string, workers int) error {
 // startRelayProcess starts the relay in a child process on the schema s
 // and returns once it holds lanes; stop terminates it and waits.
 func startRelayProcess(s *schema, brokers []string, workers int, p *progress) (stop func() error, err error) {
+	return startRelayChild(s, brokers, workers, "", p)
+}
+
+// startWALRelayProcess is startRelayProcess for the WAL relay on slot.
+func startWALRelayProcess(s *schema, slot string, brokers []string, p *progress) (stop func() error, err error) {
+	return startRelayChild(s, brokers, 1, slot, p)
+}
+
+// startRelayChild starts the child: the polling relay, or the WAL relay
+// when slot is set.
+func startRelayChild(s *schema, brokers []string, workers int, slot string, p *progress) (stop func() error, err error) {
 	exe, err := os.Executable()
 	if err != nil {
 		return nil, fmt.Errorf("relay process: %w", err)
 	}
 	cmd := exec.Command(exe, "-"+relayProcessFlag, s.name, "-relay-brokers", strings.Join(brokers, ","),
-		"-workers", strconv.Itoa(workers))
+		"-workers", strconv.Itoa(workers), "-relay-slot", slot)
 	cmd.Env = append(os.Environ(), "PROTOEVENTS_TEST_DATABASE_URL="+s.url)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.StdoutPipe()
@@ -121,10 +154,11 @@ func startRelayProcess(s *schema, brokers []string, workers int, p *progress) (s
 func relayProcessFlags() func(workers int) (bool, error) {
 	schema := flag.String(relayProcessFlag, "", "internal: run only the relay, on this schema (the end-to-end runs start it as a child process)")
 	brokers := flag.String("relay-brokers", "", "internal: the child relay's Kafka brokers")
+	slot := flag.String("relay-slot", "", "internal: run the WAL relay on this slot instead of the polling relay")
 	return func(workers int) (bool, error) {
 		if *schema == "" {
 			return false, nil
 		}
-		return true, relayProcessMain(*schema, *brokers, workers)
+		return true, relayProcessMain(*schema, *brokers, workers, *slot)
 	}
 }

@@ -9,10 +9,16 @@ import (
 	"github.com/segmentio/kafka-go/sasl"
 
 	"github.com/protoevents/protoevents/runtime/internal/sqlident"
+	"github.com/protoevents/protoevents/runtime/internal/walrecord"
 )
 
 // Option configures the WAL relay and its Setup, Drop and SlotStatus.
 type Option func(*config)
+
+// MessagePrefix is the logical decoding message prefix of the events an
+// outbox Writer with the WAL source emits: what to filter on when reading
+// the slot with other tools (pg_recvlogical, a CDC pipeline).
+const MessagePrefix = walrecord.Prefix
 
 // DefaultSlot and DefaultPublication are the names the relay uses unless
 // WithSlot and WithPublication say otherwise.
