@@ -85,7 +85,7 @@ func (r results) add(name, unit string, v float64) {
 }
 
 func run(ctx context.Context, c config) error {
-	e, err := startEnv(ctx, c.only["wal"])
+	e, err := startEnv(ctx, wantsWAL(c.only))
 	if err != nil {
 		return err
 	}
@@ -115,7 +115,7 @@ func run(ctx context.Context, c config) error {
 				return fmt.Errorf("end to end: %w", err)
 			}
 		}
-		if c.only["wal"] {
+		if wantsWAL(c.only) {
 			if err := walRound(ctx, e, c, res, oursFirst); err != nil {
 				return fmt.Errorf("WAL relay: %w", err)
 			}

@@ -317,15 +317,29 @@ func walE2ERound(ctx context.Context, e *env, c config, res results, walFirst bo
 	return nil
 }
 
-// walRound is one round of the WAL relay's measurements.
+// walRound is one round of the WAL relay's measurements: "wal" runs them
+// all, "wal-write", "wal-drain" and "wal-e2e" one each.
 func walRound(ctx context.Context, e *env, c config, res results, walFirst bool) error {
-	if err := walWriteRound(ctx, e, c, res); err != nil {
-		return err
+	all := c.only["wal"]
+	if all || c.only["wal-write"] {
+		if err := walWriteRound(ctx, e, c, res); err != nil {
+			return err
+		}
 	}
-	if err := walDrainRound(ctx, e, c, res, walFirst); err != nil {
-		return err
+	if all || c.only["wal-drain"] {
+		if err := walDrainRound(ctx, e, c, res, walFirst); err != nil {
+			return err
+		}
 	}
-	return walE2ERound(ctx, e, c, res, walFirst)
+	if all || c.only["wal-e2e"] {
+		return walE2ERound(ctx, e, c, res, walFirst)
+	}
+	return nil
+}
+
+// wantsWAL reports whether any WAL measurement was asked for.
+func wantsWAL(only map[string]bool) bool {
+	return only["wal"] || only["wal-write"] || only["wal-drain"] || only["wal-e2e"]
 }
 
 // rawWALRecord stands for an encoded record: the demo's OrderPlaced with

@@ -30,6 +30,7 @@ const (
 type config struct {
 	slot, publication string
 	batchSize         int
+	lanes             int
 	statusInterval    time.Duration
 	heartbeat         time.Duration
 	standbyRetry      time.Duration
@@ -48,7 +49,7 @@ type config struct {
 func newConfig(opts []Option) (config, error) {
 	c := config{
 		slot: DefaultSlot, publication: DefaultPublication,
-		batchSize: 1000, statusInterval: time.Second, heartbeat: 10 * time.Second,
+		batchSize: 1000, lanes: 2, statusInterval: time.Second, heartbeat: 10 * time.Second,
 		standbyRetry: 2 * time.Second, stallTimeout: time.Minute, maxLagBytes: 1 << 30,
 		writeTimeout: 10 * time.Second, maxAttempts: 3, grace: 5 * time.Second,
 		log: slog.Default(),
@@ -104,6 +105,21 @@ func WithBatchSize(n int) Option {
 			return
 		}
 		c.batchSize = n
+	}
+}
+
+// WithLanes sets how many publishers the relay runs (default 2), each with
+// its own Kafka producer and one produce call in flight: the keys are split
+// between them by hash, so each key's records stay in commit order while
+// the lanes publish side by side. The slot is confirmed up to the last
+// transaction whose every lane's share was acknowledged.
+func WithLanes(n int) Option {
+	return func(c *config) {
+		if n < 1 || n > 64 {
+			c.fail("lanes %d: want 1..64", n)
+			return
+		}
+		c.lanes = n
 	}
 }
 

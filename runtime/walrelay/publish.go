@@ -9,33 +9,48 @@ import (
 	"github.com/protoevents/protoevents/runtime/internal/kafkawriter"
 )
 
-// publisher sends the stream's transactions to Kafka in the order handed,
-// one produce call at a time, and reports each acknowledged call to the
-// watermark. A failed call is sent again, whole, with backoff, for ever:
-// nothing is skipped, so a record the brokers keep refusing (a topic that
-// does not exist) holds the slot, and /readyz and the log say why.
+// publisher is one lane: it sends its shares of the transactions to Kafka
+// in commit order, one produce call at a time, and acknowledges each
+// transaction whose last share it published. A failed call is sent again,
+// whole, with backoff, for ever: nothing is skipped, so a record the
+// brokers keep refusing (a topic that does not exist) holds its lane and,
+// once the others wait for it, the slot; /readyz and the log say why.
 type publisher struct {
 	r  *Relay
 	w  *kafka.Writer
 	wm *watermark
-	in <-chan *txn
-	// stop asks for a graceful end: finish the call in flight, start no
-	// other. The context given to run ends the call in flight too.
+	in <-chan part
+	// stop asks for a graceful end: publish what is queued, then return.
+	// The context given to run ends the call in flight too.
 	stop <-chan struct{}
 }
 
 func (p *publisher) run(ctx context.Context) {
-	var batch []*txn
+	var batch []part
 	var msgs []kafka.Message
+	stopping := false
 	for {
 		batch, msgs = batch[:0], msgs[:0]
-		select {
-		case t := <-p.in:
-			batch, msgs = append(batch, t), append(msgs, t.msgs...)
-		case <-p.stop:
-			return
-		case <-ctx.Done():
-			return
+		if stopping {
+			// The stream has stopped handing over: publish what is
+			// queued (so no transaction stays half published by the
+			// lanes), then return.
+			select {
+			case t := <-p.in:
+				batch, msgs = append(batch, t), append(msgs, t.msgs...)
+			default:
+				return
+			}
+		} else {
+			select {
+			case t := <-p.in:
+				batch, msgs = append(batch, t), append(msgs, t.msgs...)
+			case <-p.stop:
+				stopping = true
+				continue
+			case <-ctx.Done():
+				return
+			}
 		}
 		size := 0
 		for i := range msgs {
@@ -56,14 +71,16 @@ func (p *publisher) run(ctx context.Context) {
 		if !p.send(ctx, msgs) {
 			return
 		}
-		p.wm.acked(len(batch), batch[len(batch)-1].end)
+		for _, pt := range batch {
+			if pt.t.parts.Add(-1) == 0 {
+				p.wm.ack(pt.t)
+			}
+		}
 		p.r.state.published(len(msgs))
 		if f := p.r.cfg.hooks.Published; f != nil {
 			f(len(msgs))
 		}
-		for i := range batch {
-			batch[i] = nil
-		}
+		clear(batch)
 	}
 }
 

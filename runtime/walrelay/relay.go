@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"sync"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -144,27 +145,37 @@ func (r *Relay) session(ctx context.Context, tr *kafka.Transport) error {
 	}()
 	r.cfg.log.Info("walrelay: streaming", "slot", r.cfg.slot, "from", start)
 
-	ch := make(chan *txn, 4*r.cfg.batchSize)
+	// The lanes: one publisher each, the keys split between them by hash.
 	stop := make(chan struct{})
 	pctx, cancelPublish := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelPublish()
-	p := &publisher{r: r, w: kafkawriter.New(kafkawriter.Config{Brokers: r.brokers, Transport: tr, MaxAttempts: r.cfg.maxAttempts,
-		WriteTimeout: r.cfg.writeTimeout, BatchSize: r.cfg.batchSize}), wm: wm, in: ch, stop: stop}
-	defer p.w.Close()
+	lanes := make([]chan part, r.cfg.lanes)
+	var publishers sync.WaitGroup
+	for l := range lanes {
+		lanes[l] = make(chan part, 2*r.cfg.batchSize)
+		p := &publisher{r: r, w: kafkawriter.New(kafkawriter.Config{Brokers: r.brokers, Transport: tr, MaxAttempts: r.cfg.maxAttempts,
+			WriteTimeout: r.cfg.writeTimeout, BatchSize: r.cfg.batchSize}), wm: wm, in: lanes[l], stop: stop}
+		publishers.Go(func() {
+			defer p.w.Close()
+			p.run(pctx)
+		})
+	}
 	published := make(chan struct{})
-	go func() { defer close(published); p.run(pctx) }()
+	go func() { publishers.Wait(); close(published) }()
 
 	sctx, cancelStream := context.WithCancel(ctx)
+	var helpers sync.WaitGroup
+	defer helpers.Wait()
 	defer cancelStream()
 	if r.cfg.heartbeat > 0 {
-		go r.heartbeats(sctx)
+		helpers.Go(func() { r.heartbeats(sctx) })
 	}
-	go r.watchLag(sctx, wm)
-	s := &stream{conn: conn, cfg: &r.cfg, wm: wm, out: ch}
-	go r.watchPublisher(sctx, cancelStream, published)
+	helpers.Go(func() { r.watchLag(sctx, wm) })
+	s := &stream{conn: conn, cfg: &r.cfg, wm: wm, lanes: lanes, drain: pctx}
 	err = s.run(sctx)
 
-	// Let the batch in flight finish, then confirm what it acknowledged.
+	// Let the batches in flight finish, then confirm what they
+	// acknowledged.
 	close(stop)
 	grace := time.NewTimer(r.cfg.grace)
 	select {
@@ -181,16 +192,6 @@ func (r *Relay) session(ctx context.Context, tr *kafka.Transport) error {
 		return nil
 	}
 	return err
-}
-
-// watchPublisher ends the stream if the publisher stops on its own (it
-// does not, but a stream with nobody to hand to would wait for ever).
-func (r *Relay) watchPublisher(ctx context.Context, cancel context.CancelFunc, published <-chan struct{}) {
-	select {
-	case <-published:
-		cancel()
-	case <-ctx.Done():
-	}
 }
 
 // startFailed explains a refused START_REPLICATION.

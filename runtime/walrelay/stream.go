@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"hash/fnv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pglogrepl"
@@ -14,12 +16,31 @@ import (
 	"github.com/protoevents/protoevents/runtime/internal/walrecord"
 )
 
-// txn is one committed transaction's records, handed to the publisher in
+// txn is one committed transaction's records, handed to the lanes in
 // commit order.
 type txn struct {
 	msgs   []kafka.Message
 	end    pglogrepl.LSN // the commit record's end: confirming it skips the transaction
 	commit time.Time
+	// parts counts the lanes' shares not yet acknowledged; the last lane
+	// to publish its share acknowledges the transaction.
+	parts atomic.Int32
+	acked bool // in the watermark, under its mutex
+}
+
+// part is one lane's share of a transaction: the records of the keys the
+// lane owns, in commit order.
+type part struct {
+	t    *txn
+	msgs []kafka.Message
+}
+
+// laneOf is the lane of a key: one key, one lane, so the lane's order is
+// the key's commit order.
+func laneOf(key []byte, lanes int) int {
+	h := fnv.New32a()
+	_, _ = h.Write(key)
+	return int(h.Sum32() % uint32(lanes))
 }
 
 // stream reads the slot over one replication connection, which it alone
@@ -29,7 +50,12 @@ type stream struct {
 	conn       *pgconn.PgConn
 	cfg        *config
 	wm         *watermark
-	out        chan<- *txn
+	lanes      []chan part
+	// drain bounds the hand-over of a transaction already begun: once
+	// its first share is queued, the rest follow even after the
+	// stream's context ends (else the lanes would publish half of it),
+	// until the shutdown grace ends.
+	drain context.Context
 	cur        *txn // the transaction being read; nil between transactions
 	nextStatus time.Time
 }
@@ -158,15 +184,48 @@ func kafkaMessage(r walrecord.Record) kafka.Message {
 	return m
 }
 
-// hand gives t to the publisher, still confirming on time while the
-// publisher is busy (a connection without status updates for
+// hand gives t's shares to their lanes, still confirming on time while a
+// lane is busy (a connection without status updates for
 // wal_sender_timeout is closed by the server).
 func (s *stream) hand(ctx context.Context, t *txn) error {
-	s.wm.hand(t.commit)
+	s.wm.hand(t)
+	n := len(s.lanes)
+	if n == 1 {
+		t.parts.Store(1)
+		return s.send(ctx, 0, part{t: t, msgs: t.msgs})
+	}
+	shares := make([][]kafka.Message, n)
+	parts := int32(0)
+	for _, m := range t.msgs {
+		l := laneOf(m.Key, n)
+		if shares[l] == nil {
+			parts++
+		}
+		shares[l] = append(shares[l], m)
+	}
+	t.parts.Store(parts)
+	first := true
+	for l, msgs := range shares {
+		if msgs == nil {
+			continue
+		}
+		c := s.drain
+		if first {
+			c, first = ctx, false
+		}
+		if err := s.send(c, l, part{t: t, msgs: msgs}); err != nil {
+			return err
+		}
+	}
+	return ctx.Err()
+}
+
+// send queues p on lane l.
+func (s *stream) send(ctx context.Context, l int, p part) error {
 	for {
 		wait := time.NewTimer(time.Until(s.nextStatus))
 		select {
-		case s.out <- t:
+		case s.lanes[l] <- p:
 			wait.Stop()
 			return nil
 		case <-ctx.Done():

@@ -9,12 +9,13 @@ import (
 
 // watermark decides how far the slot may be confirmed: never past a
 // transaction whose records Kafka has not all acknowledged. The stream
-// reports what it hands over (handed) and the idle positions it sees at a
-// transaction boundary (idle: a keepalive, a heartbeat, a transaction
-// without records); the publisher reports acknowledgements in the order it
-// was handed the transactions (acked). confirm is the furthest position
-// that is safe: the end of the last acknowledged transaction, or an idle
-// position once everything handed over before it was acknowledged.
+// hands transactions over in commit order (hand) and reports the idle
+// positions it sees at a transaction boundary (idle: a keepalive, a
+// heartbeat, a transaction without records); the lanes acknowledge
+// transactions in any order (ack), as each lane publishes its share. The
+// watermark is contiguous: the end of the last transaction of the longest
+// acknowledged prefix, or an idle position once everything handed over
+// before it is acknowledged.
 //
 // Every transaction committing before an idle position was handed over
 // before it (the server decodes the WAL in order and sends in order), so
@@ -22,22 +23,20 @@ import (
 // nothing: a restart streams from the confirmed position on.
 type watermark struct {
 	mu        sync.Mutex
-	handed    uint64 // transactions handed to the publisher
-	acks      uint64 // of those, acknowledged
+	queue     []*txn // handed, not yet in the acknowledged prefix, in commit order
+	handed    uint64 // transactions handed over
+	acks      uint64 // of those, in the acknowledged prefix
 	ackedEnd  pglogrepl.LSN
 	idlePos   pglogrepl.LSN // latest idle position
 	idleAfter uint64        // handed when idlePos was seen
 	confirmed pglogrepl.LSN
-	// commits are the commit times of the handed, unacknowledged
-	// transactions, oldest first: how far behind the relay is.
-	commits []time.Time
 }
 
-// handed records a transaction given to the publisher.
-func (w *watermark) hand(commit time.Time) {
+// hand records a transaction given to the lanes, in commit order.
+func (w *watermark) hand(t *txn) {
 	w.mu.Lock()
 	w.handed++
-	w.commits = append(w.commits, commit)
+	w.queue = append(w.queue, t)
 	w.mu.Unlock()
 }
 
@@ -50,15 +49,18 @@ func (w *watermark) idle(pos pglogrepl.LSN) {
 	w.mu.Unlock()
 }
 
-// acked records that the next n handed transactions were acknowledged,
-// the last of them ending at end.
-func (w *watermark) acked(n int, end pglogrepl.LSN) {
+// ack records that every record of t was acknowledged.
+func (w *watermark) ack(t *txn) {
 	w.mu.Lock()
-	w.acks += uint64(n)
-	if end > w.ackedEnd {
-		w.ackedEnd = end
+	t.acked = true
+	n := 0
+	for n < len(w.queue) && w.queue[n].acked {
+		w.ackedEnd = max(w.ackedEnd, w.queue[n].end)
+		w.queue[n] = nil
+		n++
 	}
-	w.commits = w.commits[min(n, len(w.commits)):]
+	w.queue = w.queue[n:]
+	w.acks += uint64(n)
 	w.mu.Unlock()
 }
 
@@ -86,13 +88,14 @@ func (w *watermark) start(pos pglogrepl.LSN) {
 	w.mu.Unlock()
 }
 
-// behind is how long the oldest unacknowledged transaction has been
-// committed (0 when nothing is waiting), and how many are waiting.
+// behind is how long the oldest transaction not in the acknowledged
+// prefix has been committed (0 when there is none), and how many
+// transactions wait.
 func (w *watermark) behind(now time.Time) (time.Duration, int) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	if len(w.commits) == 0 {
+	if len(w.queue) == 0 {
 		return 0, 0
 	}
-	return max(0, now.Sub(w.commits[0])), len(w.commits)
+	return max(0, now.Sub(w.queue[0].commit)), len(w.queue)
 }
