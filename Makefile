@@ -48,9 +48,11 @@ test: lint
 	$(GO) test -race $(RACE_PKGS)
 
 ## demo: generate, then run orders → outbox → relay → Kafka → shipping end to end
+## (RELAY=wal: the producers write to the WAL and the WAL relay streams it)
+RELAY ?= table
 demo: $(BUF)
 	$(BUF) generate
-	$(GO) run ./examples/cmd/demo
+	$(GO) run ./examples/cmd/demo -relay $(RELAY)
 
 ## bench: Go benchmarks, then protoevents beside Watermill (bench/watermill, its own
 ## module), with the ratios the performance targets are stated in

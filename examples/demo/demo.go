@@ -32,6 +32,7 @@ import (
 	"github.com/protoevents/protoevents/runtime/faultinject"
 	"github.com/protoevents/protoevents/runtime/outbox"
 	"github.com/protoevents/protoevents/runtime/topics"
+	"github.com/protoevents/protoevents/runtime/walrelay"
 )
 
 // Config says how big the run is and where it runs.
@@ -52,6 +53,11 @@ type Config struct {
 	Log *slog.Logger
 	// Timeout bounds the whole run.
 	Timeout time.Duration
+	// Relay is "table" (the default: the polling relay reads the outbox
+	// table) or "wal" (the producers write logical decoding messages and
+	// the WAL relay reads them from a replication slot; the database needs
+	// wal_level = logical).
+	Relay string
 }
 
 // Report is what the run observed.
@@ -60,7 +66,8 @@ type Report struct {
 	EventsWritten      int   // outbox rows written by the orders service (v1 + v2)
 	OrdersCancelled    int   // orders cancelled once shipped (an OrderCancelled each)
 	CancelsApplied     int64 // cancellations shipping applied (its second event type)
-	Published          int64 // rows the relays marked published (re-sent rows count once)
+	Relay              string
+	Published          int64 // rows the relays marked published (re-sent rows count once); records the WAL relay published (re-sent ones count again)
 	RelayCrashes       int
 	ConsumerCrashes    int
 	Applied            int64 // OrderPlaced v1 events whose effect is in the shipping tables
@@ -188,7 +195,11 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	rep := &Report{}
 	var cnt counters
 
-	w, err := outbox.NewWriter()
+	if cfg.Relay == "" {
+		cfg.Relay = "table"
+	}
+	rep.Relay = cfg.Relay
+	w, err := NewWriter(cfg.Relay)
 	if err != nil {
 		return nil, err
 	}
@@ -201,29 +212,16 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	defer func() { stop(); wg.Wait() }()
 
 	// The relay: the first instance crashes after its second published
-	// batch, before marking it; a second instance takes over and re-sends.
-	relayHooks := outbox.Hooks{Published: func(n int) { cnt.published.Add(int64(n)) }}
-	ropts := []outbox.RelayOption{outbox.WithBatchSize(50), outbox.WithLogger(cfg.Log), outbox.WithHooks(relayHooks)}
-	batches := 0
-	crash := faultinject.RelayPoints{AfterPublish: func(ctx context.Context, rows []faultinject.Row) error {
-		if batches++; batches == 2 {
-			return errors.New("demo: relay crash between publish and mark")
-		}
-		return nil
-	}}
-	crashing, err := outbox.NewRelay(cfg.DB, cfg.Brokers, ropts...)
+	// batch, before marking (or confirming) it; a second instance takes
+	// over and re-sends.
+	first, next, armed, err := relays(runCtx, cfg, &cnt)
 	if err != nil {
 		return nil, err
 	}
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		// The crash is armed through the relays' Run context (the second
-		// batch overall crashes: the first instance's; the replacement's
-		// batches come later and go through).
-		superviseOnce(faultinject.Relay(runCtx, crash), cfg.Progress, "relay", &rep.RelayCrashes, crashing, func() (runner, error) {
-			return outbox.NewRelay(cfg.DB, cfg.Brokers, ropts...)
-		}, errc)
+		superviseOnce(armed, cfg.Progress, "relay", &rep.RelayCrashes, first, next, errc)
 	}()
 
 	// The shipping consumer: the first instance crashes after committing
@@ -239,7 +237,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		}
 		return nil
 	}}
-	first, err := shipSvc.NewConsumer(cfg.DB, cfg.Brokers, copts...)
+	firstConsumer, err := shipSvc.NewConsumer(cfg.DB, cfg.Brokers, copts...)
 	if err != nil {
 		return nil, err
 	}
@@ -248,7 +246,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 		defer wg.Done()
 		// The crash is armed through the consumers' Run context; it fires
 		// once, at the 25th commit.
-		superviseOnce(faultinject.Consumer(runCtx, consumerCrash), cfg.Progress, "consumer", &rep.ConsumerCrashes, first, func() (runner, error) {
+		superviseOnce(faultinject.Consumer(runCtx, consumerCrash), cfg.Progress, "consumer", &rep.ConsumerCrashes, firstConsumer, func() (runner, error) {
 			return shipSvc.NewConsumer(cfg.DB, cfg.Brokers, copts...)
 		}, errc)
 	}()
@@ -298,6 +296,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	// service consumer, its second event type) to cancel those shipments.
 	want := int64(cfg.Orders - 1)
 	cancelSent := false
+	walTarget := "" // the WAL relay's catch-up point (Relay "wal")
 	tick := time.NewTicker(250 * time.Millisecond)
 	defer tick.Stop()
 	for ticks, done := 0, false; !done; {
@@ -309,7 +308,20 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 			done = true
 		case <-tick.C:
 			var revenueRows, pending int64
-			if st, err := outbox.Status(ctx, cfg.DB); err == nil {
+			if cfg.Relay == "wal" {
+				// No table: everything written before the previous tick
+				// is published once the slot confirmed the WAL position
+				// read then.
+				caughtUp := false
+				if walTarget != "" {
+					_ = cfg.DB.QueryRow(ctx, `SELECT coalesce(bool_and(confirmed_flush_lsn >= $1::pg_lsn), false) FROM pg_replication_slots WHERE slot_name = $2`,
+						walTarget, walrelay.DefaultSlot).Scan(&caughtUp)
+				}
+				_ = cfg.DB.QueryRow(ctx, `SELECT pg_current_wal_insert_lsn()::text`).Scan(&walTarget)
+				if !caughtUp {
+					pending = 1
+				}
+			} else if st, err := outbox.Status(ctx, cfg.DB); err == nil {
 				pending = st.Pending
 			}
 			_ = cfg.DB.QueryRow(ctx, `SELECT count(*) FROM revenue`).Scan(&revenueRows)
@@ -379,6 +391,55 @@ func cancelsApplied(ctx context.Context, db *pgxpool.Pool) int64 {
 	var n int64
 	_ = db.QueryRow(ctx, `SELECT count(*) FROM cancelled_orders`).Scan(&n)
 	return n
+}
+
+// NewWriter is the producers' outbox Writer for relay ("table" or
+// "wal").
+func NewWriter(relay string) (*outbox.Writer, error) {
+	switch relay {
+	case "table", "":
+		return outbox.NewWriter()
+	case "wal":
+		return outbox.NewWriter(outbox.WithWALSource(walrelay.DefaultSlot))
+	}
+	return nil, fmt.Errorf("demo: relay %q: want table or wal", relay)
+}
+
+// relays returns the demo's first relay, the factory of its replacement
+// and the context that arms the first one's crash after its second
+// published batch.
+func relays(ctx context.Context, cfg Config, cnt *counters) (first runner, next func() (runner, error), armed context.Context, err error) {
+	batches := 0
+	crashNow := func() error {
+		if batches++; batches == 2 {
+			return errors.New("demo: relay crash between publish and mark")
+		}
+		return nil
+	}
+	if cfg.Relay == "wal" {
+		var mu sync.Mutex // the WAL relay's lanes publish side by side
+		opts := []walrelay.Option{walrelay.WithBatchSize(50), walrelay.WithLogger(cfg.Log),
+			walrelay.WithStatusInterval(100 * time.Millisecond), walrelay.WithStandbyRetry(100 * time.Millisecond), walrelay.WithHeartbeat(100 * time.Millisecond),
+			walrelay.WithHooks(walrelay.Hooks{Published: func(n int) { cnt.published.Add(int64(n)) }})}
+		next = func() (runner, error) { return walrelay.New(cfg.DB, cfg.Brokers, opts...) }
+		armed = faultinject.WALRelay(ctx, faultinject.WALRelayPoints{AfterPublish: func(context.Context, int) error {
+			mu.Lock()
+			defer mu.Unlock()
+			return crashNow()
+		}})
+	} else {
+		opts := []outbox.RelayOption{outbox.WithBatchSize(50), outbox.WithLogger(cfg.Log),
+			outbox.WithHooks(outbox.Hooks{Published: func(n int) { cnt.published.Add(int64(n)) }})}
+		next = func() (runner, error) { return outbox.NewRelay(cfg.DB, cfg.Brokers, opts...) }
+		// The crash is armed through the relays' Run context (the second
+		// batch overall crashes: the first instance's; the replacement's
+		// batches come later and go through).
+		armed = faultinject.Relay(ctx, faultinject.RelayPoints{AfterPublish: func(context.Context, []faultinject.Row) error {
+			return crashNow()
+		}})
+	}
+	first, err = next()
+	return first, next, armed, err
 }
 
 // runner is what the demo supervises: a relay or a consumer.
@@ -468,7 +529,13 @@ func Check(ctx context.Context, db *pgxpool.Pool, rep *Report) []string {
 	if stillBooked > 0 || unasked > 0 {
 		bad("%d cancelled orders still have a booked shipment, %d cancellations were never asked for", stillBooked, unasked)
 	}
-	if written := int64(rep.EventsWritten+rep.OrdersCancelled) + rep.ShipmentEvents; rep.Published != written {
+	written := int64(rep.EventsWritten+rep.OrdersCancelled) + rep.ShipmentEvents
+	if rep.Relay == "wal" {
+		// The WAL relay counts what it sent: re-sent records count again.
+		if rep.Published < written {
+			bad("the WAL relay published %d records, but %d events were written", rep.Published, written)
+		}
+	} else if rep.Published != written {
 		bad("the relay marked %d outbox rows published, but %d were written", rep.Published, written)
 	}
 	if rep.RelayCrashes > 0 && rep.DuplicatesAbsorbed == 0 {

@@ -5,9 +5,13 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/protoevents/protoevents/eventstest/pgcluster"
 	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/examples/shipping"
-	"github.com/protoevents/protoevents/runtime/outbox"
+	"github.com/protoevents/protoevents/internal/testenv"
+	"github.com/protoevents/protoevents/runtime/walrelay"
 )
 
 func TestMain(m *testing.M) { servers.Main(m) }
@@ -15,8 +19,23 @@ func TestMain(m *testing.M) { servers.Main(m) }
 // TestDemoFlow runs what `make demo` runs, on a schema of its own, and
 // holds it to the demo's own invariants plus the report's numbers.
 func TestDemoFlow(t *testing.T) {
-	ctx := context.Background()
 	pool, _ := servers.DB(t)
+	demoFlow(t, pool, "table")
+}
+
+// TestDemoFlowOnTheWALRelay is the same on the WAL relay (make demo
+// RELAY=wal), on a wal_level = logical cluster of its own.
+func TestDemoFlowOnTheWALRelay(t *testing.T) {
+	ctx := context.Background()
+	_, pool := testenv.OwnCluster(t, ctx, pgcluster.WithSetting("wal_level", "logical"))
+	if err := walrelay.Setup(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	demoFlow(t, pool, "wal")
+}
+
+func demoFlow(t *testing.T, pool *pgxpool.Pool, relay string) {
+	ctx := context.Background()
 	// The example's topics and consumer groups are fixed by its schemas, so
 	// runs would see each other's messages on a shared cluster: always
 	// in-process Kafka here, whatever PROTOEVENTS_KAFKA_BROKERS says.
@@ -25,7 +44,7 @@ func TestDemoFlow(t *testing.T) {
 		t.Fatal(err)
 	}
 	var progress strings.Builder
-	cfg := Config{DB: pool, Brokers: k.Brokers, Orders: 120, Progress: &progress}
+	cfg := Config{DB: pool, Brokers: k.Brokers, Orders: 120, Progress: &progress, Relay: relay}
 	rep, err := Run(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -61,7 +80,7 @@ func TestDemoFlow(t *testing.T) {
 	}
 
 	// Fix shipping and redrive: applied once; a second redrive changes nothing.
-	w, err := outbox.NewWriter()
+	w, err := NewWriter(relay)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,6 +23,9 @@ type Row = faults.Row
 // RelayPoints are the polling relay's fault points; see the fields.
 type RelayPoints = faults.Relay
 
+// WALRelayPoints are the WAL relay's fault points; see the fields.
+type WALRelayPoints = faults.WALRelay
+
 // ConsumerPoints are a consumer's fault points; see the fields.
 type ConsumerPoints = faults.Consumer
 
@@ -35,6 +38,11 @@ type SagaPoints = faults.Saga
 // Relay returns ctx arming p for the relay whose Run receives it.
 func Relay(ctx context.Context, p RelayPoints) context.Context {
 	return faults.WithRelay(ctx, p)
+}
+
+// WALRelay returns ctx arming p for the WAL relay whose Run receives it.
+func WALRelay(ctx context.Context, p WALRelayPoints) context.Context {
+	return faults.WithWALRelay(ctx, p)
 }
 
 // Consumer returns ctx arming p for the consumer whose Run receives it.

@@ -6,6 +6,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/protoevents/protoevents/runtime/internal/faults"
 	"github.com/protoevents/protoevents/runtime/internal/kafkawriter"
 )
 
@@ -23,6 +24,10 @@ type publisher struct {
 	// stop asks for a graceful end: publish what is queued, then return.
 	// The context given to run ends the call in flight too.
 	stop <-chan struct{}
+	// points are the test-only fault points (runtime/faultinject); crash
+	// ends the session when one fires.
+	points faults.WALRelay
+	crash  func(error)
 }
 
 func (p *publisher) run(ctx context.Context) {
@@ -70,6 +75,12 @@ func (p *publisher) run(ctx context.Context) {
 		}
 		if !p.send(ctx, msgs) {
 			return
+		}
+		if f := p.points.AfterPublish; f != nil {
+			if err := f(ctx, len(msgs)); err != nil {
+				p.crash(err)
+				return
+			}
 		}
 		for _, pt := range batch {
 			if pt.t.parts.Add(-1) == 0 {

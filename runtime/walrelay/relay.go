@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/protoevents/protoevents/runtime/internal/faults"
 	"github.com/protoevents/protoevents/runtime/internal/health"
 	"github.com/protoevents/protoevents/runtime/internal/kafkawriter"
 	"github.com/protoevents/protoevents/runtime/internal/walrecord"
@@ -65,9 +66,14 @@ func (r *Relay) Run(ctx context.Context) error {
 		tr = &kafka.Transport{TLS: r.cfg.tls, SASL: r.cfg.sasl}
 		defer tr.CloseIdleConnections()
 	}
+	points := faults.WALRelayFrom(ctx)
 	backoff := 100 * time.Millisecond
 	for {
-		err := r.session(ctx, tr)
+		err := r.session(ctx, tr, points)
+		var crash *crashError
+		if errors.As(err, &crash) {
+			return crash.err // a simulated crash ends Run, as a real one would
+		}
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -94,7 +100,7 @@ func (r *Relay) Run(ctx context.Context) error {
 
 // session streams once: connect, take the slot, publish until the
 // connection fails or ctx ends.
-func (r *Relay) session(ctx context.Context, tr *kafka.Transport) error {
+func (r *Relay) session(ctx context.Context, tr *kafka.Transport, points faults.WALRelay) error {
 	if err := checkWALLevel(ctx, r.pool); err != nil {
 		return err
 	}
@@ -146,15 +152,27 @@ func (r *Relay) session(ctx context.Context, tr *kafka.Transport) error {
 	r.cfg.log.Info("walrelay: streaming", "slot", r.cfg.slot, "from", start)
 
 	// The lanes: one publisher each, the keys split between them by hash.
+	sctx, cancelStream := context.WithCancel(ctx)
+	var helpers sync.WaitGroup
+	defer helpers.Wait()
+	defer cancelStream()
 	stop := make(chan struct{})
 	pctx, cancelPublish := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelPublish()
+	crashed := make(chan error, 1)
 	lanes := make([]chan part, r.cfg.lanes)
 	var publishers sync.WaitGroup
 	for l := range lanes {
 		lanes[l] = make(chan part, 2*r.cfg.batchSize)
 		p := &publisher{r: r, w: kafkawriter.New(kafkawriter.Config{Brokers: r.brokers, Transport: tr, MaxAttempts: r.cfg.maxAttempts,
-			WriteTimeout: r.cfg.writeTimeout, BatchSize: r.cfg.batchSize}), wm: wm, in: lanes[l], stop: stop}
+			WriteTimeout: r.cfg.writeTimeout, BatchSize: r.cfg.batchSize}), wm: wm, in: lanes[l], stop: stop, points: points,
+			crash: func(err error) {
+				select {
+				case crashed <- err:
+				default:
+				}
+				cancelStream()
+			}}
 		publishers.Go(func() {
 			defer p.w.Close()
 			p.run(pctx)
@@ -163,16 +181,20 @@ func (r *Relay) session(ctx context.Context, tr *kafka.Transport) error {
 	published := make(chan struct{})
 	go func() { publishers.Wait(); close(published) }()
 
-	sctx, cancelStream := context.WithCancel(ctx)
-	var helpers sync.WaitGroup
-	defer helpers.Wait()
-	defer cancelStream()
 	if r.cfg.heartbeat > 0 {
 		helpers.Go(func() { r.heartbeats(sctx) })
 	}
 	helpers.Go(func() { r.watchLag(sctx, wm) })
 	s := &stream{conn: conn, cfg: &r.cfg, wm: wm, lanes: lanes, drain: pctx}
 	err = s.run(sctx)
+	select {
+	case cerr := <-crashed:
+		// A simulated crash: abandon everything, confirm nothing more.
+		cancelPublish()
+		<-published
+		return &crashError{err: cerr}
+	default:
+	}
 
 	// Let the batches in flight finish, then confirm what they
 	// acknowledged.
@@ -193,6 +215,11 @@ func (r *Relay) session(ctx context.Context, tr *kafka.Transport) error {
 	}
 	return err
 }
+
+// crashError carries a fault point's simulated crash out of a session.
+type crashError struct{ err error }
+
+func (e *crashError) Error() string { return e.err.Error() }
 
 // startFailed explains a refused START_REPLICATION.
 func (r *Relay) startFailed(ctx context.Context, err error) error {

@@ -30,6 +30,7 @@ import (
 	ordersv1 "github.com/protoevents/protoevents/examples/gen/shop/orders/v1"
 	"github.com/protoevents/protoevents/examples/shipping"
 	"github.com/protoevents/protoevents/runtime/outbox"
+	"github.com/protoevents/protoevents/runtime/walrelay"
 )
 
 func main() {
@@ -55,6 +56,7 @@ func runDemo(ctx context.Context, args []string) error {
 	poison := fs.String("poison-country", "ZZ", "shipping country no carrier serves (its order is the poison message)")
 	keep := fs.Bool("keep", false, "after the run, keep Postgres and Kafka up (until Ctrl-C) and print eventsctl commands to try")
 	verbose := fs.Bool("v", false, "show the runtime's logs")
+	relay := fs.String("relay", "table", `relay: "table" (poll the outbox table) or "wal" (stream a logical replication slot; the throwaway cluster starts with wal_level = logical)`)
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -65,7 +67,10 @@ func runDemo(ctx context.Context, args []string) error {
 	log := slog.New(slog.NewTextHandler(logOut, nil))
 
 	fmt.Println("protoevents demo: orders → outbox → relay → Kafka → shipping")
-	pool, url, cleanupDB, err := database(ctx, *dbURL)
+	if *relay != "table" && *relay != "wal" {
+		return fmt.Errorf("-relay %q: want table or wal", *relay)
+	}
+	pool, url, cleanupDB, err := database(ctx, *dbURL, *relay == "wal")
 	if err != nil {
 		return err
 	}
@@ -79,7 +84,13 @@ func runDemo(ctx context.Context, args []string) error {
 	if err := demo.Setup(ctx, pool, brokers); err != nil {
 		return err
 	}
-	cfg := demo.Config{DB: pool, Brokers: brokers, Orders: *n, PoisonCountry: *poison, Progress: os.Stdout, Log: log}
+	if *relay == "wal" {
+		if err := walrelay.Setup(ctx, pool); err != nil {
+			return err
+		}
+		fmt.Printf("  relay    WAL (slot %q)\n", walrelay.DefaultSlot)
+	}
+	cfg := demo.Config{DB: pool, Brokers: brokers, Orders: *n, PoisonCountry: *poison, Progress: os.Stdout, Log: log, Relay: *relay}
 	rep, err := demo.Run(ctx, cfg)
 	if err != nil {
 		return err
@@ -102,7 +113,7 @@ Postgres and Kafka stay up until Ctrl-C. In another terminal:
 		return nil
 	}
 	fmt.Printf("\nfixing shipping (now serving %s) and redriving the poison message from %s\n", *poison, ordersv1.OrderPlacedDLQTopic)
-	w, err := outbox.NewWriter()
+	w, err := demo.NewWriter(*relay)
 	if err != nil {
 		return err
 	}
@@ -159,11 +170,15 @@ func ship(ctx context.Context, args []string) error {
 }
 
 // database connects to url, or starts a throwaway cluster.
-func database(ctx context.Context, url string) (*pgxpool.Pool, string, func(), error) {
+func database(ctx context.Context, url string, logical bool) (*pgxpool.Pool, string, func(), error) {
 	cleanup := func() {}
 	if url == "" {
 		fmt.Println("  starting a throwaway Postgres cluster (initdb + pg_ctl)…")
-		c, err := pgcluster.Start(ctx)
+		var opts []pgcluster.Option
+		if logical {
+			opts = append(opts, pgcluster.WithSetting("wal_level", "logical"))
+		}
+		c, err := pgcluster.Start(ctx, opts...)
 		if err != nil {
 			return nil, "", nil, err
 		}

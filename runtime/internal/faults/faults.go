@@ -66,9 +66,30 @@ type Saga struct {
 	InTransaction func(Transition)
 }
 
+// WALRelay are the WAL relay's fault points.
+type WALRelay struct {
+	// AfterPublish runs after the brokers acknowledged a lane's batch
+	// (records of it) and before its transactions count as acknowledged.
+	// An error simulates a crash right there: nothing of the batch is
+	// confirmed to the slot, the session ends and Run returns the error.
+	AfterPublish func(ctx context.Context, records int) error
+}
+
 type relayKey struct{}
+type walRelayKey struct{}
 type consumerKey struct{}
 type sagaKey struct{}
+
+// WithWALRelay returns ctx carrying the WAL relay points p.
+func WithWALRelay(ctx context.Context, p WALRelay) context.Context {
+	return context.WithValue(ctx, walRelayKey{}, p)
+}
+
+// WALRelayFrom returns the WAL relay points ctx carries, or none.
+func WALRelayFrom(ctx context.Context) WALRelay {
+	p, _ := ctx.Value(walRelayKey{}).(WALRelay)
+	return p
+}
 
 // WithRelay returns ctx carrying the relay points p.
 func WithRelay(ctx context.Context, p Relay) context.Context {
