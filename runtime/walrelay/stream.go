@@ -47,15 +47,15 @@ func laneOf(key []byte, lanes int) int {
 // uses: it decodes pgoutput into transactions for the publisher and sends
 // the standby status updates that confirm the watermark.
 type stream struct {
-	conn       *pgconn.PgConn
-	cfg        *config
-	wm         *watermark
-	lanes      []chan part
+	conn  *pgconn.PgConn
+	cfg   *config
+	wm    *watermark
+	lanes []chan part
 	// drain bounds the hand-over of a transaction already begun: once
 	// its first share is queued, the rest follow even after the
 	// stream's context ends (else the lanes would publish half of it),
 	// until the shutdown grace ends.
-	drain context.Context
+	drain      context.Context
 	cur        *txn // the transaction being read; nil between transactions
 	nextStatus time.Time
 }
