@@ -263,15 +263,7 @@ func TestRelayProcess(t *testing.T) {
 		e := &cliEnv{stdout: &out, stderr: &errOut, getenv: func(k string) string { return env[k] }}
 		done <- run(runCtx, e, []string{"relay", "--metrics-addr", addr, "--poll", "100ms"})
 	}()
-	get := func(path string) (int, string) {
-		resp, err := http.Get("http://" + addr + path)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	get := func(path string) (int, string) { return httpGet(addr, path) }
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		_, metrics := get("/metrics")
@@ -343,15 +335,7 @@ func TestRelayProcessWaitsForTheDatabase(t *testing.T) {
 		e := &cliEnv{stdout: &out, stderr: &errOut, getenv: func(k string) string { return env[k] }}
 		done <- run(runCtx, e, []string{"relay", "--metrics-addr", addr})
 	}()
-	get := func(path string) (int, string) {
-		resp, err := http.Get("http://" + addr + path)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	get := func(path string) (int, string) { return httpGet(addr, path) }
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		code, body := get("/readyz")
@@ -380,4 +364,16 @@ func TestRelayProcessWaitsForTheDatabase(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("relay did not stop after cancellation")
 	}
+}
+
+// httpGet fetches path from the server at addr: the status and the body,
+// or 0 and the error.
+func httpGet(addr, path string) (int, string) {
+	resp, err := http.Get("http://" + addr + path)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
 }

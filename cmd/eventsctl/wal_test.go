@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"io"
 	"net"
 	"net/http"
 	"strconv"
@@ -75,15 +74,7 @@ func TestWALCommands(t *testing.T) {
 		e := &cliEnv{stdout: &out, stderr: &errOut, getenv: func(k string) string { return env[k] }}
 		done <- run(runCtx, e, []string{"relay", "--source", "wal", "--metrics-addr", addr})
 	}()
-	get := func(path string) (int, string) {
-		resp, err := http.Get("http://" + addr + path)
-		if err != nil {
-			return 0, err.Error()
-		}
-		defer resp.Body.Close()
-		b, _ := io.ReadAll(resp.Body)
-		return resp.StatusCode, string(b)
-	}
+	get := func(path string) (int, string) { return httpGet(addr, path) }
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
 		_, metrics := get("/metrics")

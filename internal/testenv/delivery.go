@@ -29,7 +29,7 @@ type Delivered struct {
 	ID        events.EventID
 }
 
-// ReadTopic reads every message of topic (partitions parts), partition by partition, each in
+// ReadTopic reads every message of topic (partitions 0..parts-1), each in
 // log order. It fetches with plain Fetch requests from offset 0 to the end
 // offset, so it waits only on the broker's answers; the deadline bounds a
 // hang, generously, for loaded machines.
@@ -38,21 +38,10 @@ func ReadTopic(t testing.TB, brokers []string, topic string, parts int) [][]Deli
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: time.Minute}
-	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
-	for p := range parts {
-		req.Topics[topic] = append(req.Topics[topic], kafka.LastOffsetOf(p))
-	}
-	resp, err := cl.ListOffsets(ctx, req)
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := make([][]Delivered, parts)
 	var wg sync.WaitGroup
 	errs := make(chan error, parts)
-	for _, po := range resp.Topics[topic] {
-		if po.Error != nil {
-			t.Fatal(po.Error)
-		}
+	for _, po := range lastOffsets(ctx, t, cl, topic, parts) {
 		if po.LastOffset == 0 {
 			continue
 		}
@@ -187,7 +176,16 @@ func CountRecords(t testing.TB, brokers []string, topic string, parts int) int {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cl := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: time.Minute}
+	n := 0
+	for _, po := range lastOffsets(ctx, t, &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: time.Minute}, topic, parts) {
+		n += int(po.LastOffset)
+	}
+	return n
+}
+
+// lastOffsets returns the end offsets of topic's partitions 0..parts-1.
+func lastOffsets(ctx context.Context, t testing.TB, cl *kafka.Client, topic string, parts int) []kafka.PartitionOffsets {
+	t.Helper()
 	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
 	for p := range parts {
 		req.Topics[topic] = append(req.Topics[topic], kafka.LastOffsetOf(p))
@@ -196,12 +194,10 @@ func CountRecords(t testing.TB, brokers []string, topic string, parts int) int {
 	if err != nil {
 		t.Fatal(err)
 	}
-	n := 0
 	for _, po := range resp.Topics[topic] {
 		if po.Error != nil {
 			t.Fatal(po.Error)
 		}
-		n += int(po.LastOffset)
 	}
-	return n
+	return resp.Topics[topic]
 }
