@@ -187,6 +187,8 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	if cfg.Progress == nil {
 		cfg.Progress = io.Discard
 	}
+	// The supervisors and the main loop all report progress.
+	cfg.Progress = &lockedWriter{w: cfg.Progress}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -440,6 +442,18 @@ func relays(ctx context.Context, cfg Config, cnt *counters) (first runner, next 
 	}
 	first, err = next()
 	return first, next, armed, err
+}
+
+// lockedWriter serialises writes from several goroutines.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
 
 // runner is what the demo supervises: a relay or a consumer.
