@@ -239,7 +239,7 @@ func (t *CommitTx) runs(ctx context.Context) insertRuns {
 		}
 		sql, args := w.statement(ctx, t.tx, rows)
 		out = append(out, insertRun{w: w, n: len(rows), sql: sql, args: args})
-		if !w.wal {
+		if !w.walSource() {
 			t.root.noteWritten(w.table)
 		}
 		i = j

@@ -250,13 +250,8 @@ func (r *Relay) waitKafka(ctx context.Context, kc *kafka.Client) {
 }
 
 // newTransport returns the transport that carries WithTLS and WithSASL, or
-// nil without them (kafka-go's default transport).
-func (r *Relay) newTransport() *kafka.Transport {
-	if r.cfg.tls == nil && r.cfg.sasl == nil {
-		return nil
-	}
-	return &kafka.Transport{TLS: r.cfg.tls, SASL: r.cfg.sasl}
-}
+// nil without them (kafkawriter.Transport).
+func (r *Relay) newTransport() *kafka.Transport { return kafkawriter.Transport(r.cfg.tls, r.cfg.sasl) }
 
 // newKafkaWriter builds a lane worker's producer on tr (nil: the default
 // transport) with the settings both relays share (kafkawriter.New); send

@@ -9,7 +9,6 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/protoevents/protoevents/runtime/internal/sqlident"
-
 	"github.com/protoevents/protoevents/runtime/internal/walrecord"
 )
 
@@ -30,10 +29,7 @@ const (
 
 // walRecord encodes an event as the WAL relay will publish it.
 func walRecord(topic string, key []byte, hs []kafka.Header, value []byte) []byte {
-	r := walrecord.Record{Topic: topic, Key: key, Value: value, Headers: make([]walrecord.Header, len(hs))}
-	for i, h := range hs {
-		r.Headers[i] = walrecord.Header{Key: h.Key, Value: h.Value}
-	}
+	r := walrecord.Record{Topic: topic, Key: key, Value: value, Headers: hs}
 	return walrecord.Append(make([]byte, 0, walrecord.Size(r)), r)
 }
 
@@ -63,6 +59,10 @@ const walRecheck = time.Minute
 // invalidated): no relay would ever read the event.
 var ErrWALNotReady = errors.New("WAL source not ready")
 
+// walSource reports whether the Writer emits messages (WithWALSource)
+// rather than rows.
+func (w *Writer) walSource() bool { return w.walSlot != "" }
+
 // checkWALSlot validates a slot name given to WithWALSource ("" means no
 // WAL source).
 func checkWALSlot(slot string) error {
@@ -78,7 +78,7 @@ func checkWALSlot(slot string) error {
 // walReady checks, at most once per walRecheck, that a WAL Writer's
 // messages will be read. A Writer of the table has nothing to check.
 func (w *Writer) walReady(ctx context.Context, q querier) error {
-	if !w.wal {
+	if !w.walSource() {
 		return nil
 	}
 	if last := w.walChecked.Load(); last != 0 && time.Since(time.Unix(0, last)) < walRecheck {
@@ -99,6 +99,3 @@ func (w *Writer) walReady(ctx context.Context, q querier) error {
 	w.walChecked.Store(time.Now().UnixNano())
 	return nil
 }
-
-// walFailed explains a refused message.
-func walFailed(err error) error { return err }

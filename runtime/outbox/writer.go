@@ -43,9 +43,8 @@ type Writer struct {
 	generated inserts
 	// learnErr is why the last attempt to learn the shape failed.
 	learnErr atomic.Pointer[error]
-	// wal: emit logical decoding messages, not rows (WithWALSource),
-	// for the WAL relay reading walSlot.
-	wal     bool
+	// walSlot is set by WithWALSource: emit logical decoding messages,
+	// not rows, for the WAL relay reading this slot.
 	walSlot string
 	// walChecked is when the slot was last seen ready (unix nanoseconds).
 	walChecked atomic.Int64
@@ -81,7 +80,7 @@ func NewWriter(opts ...WriterOption) (*Writer, error) {
 		return nil, err
 	}
 	return &Writer{table: t, env: envelope.Options{Format: c.format, Producer: c.producer}, maxBytes: maxBytes,
-		generated: newInserts(t.sanitized(), 0), wal: c.walSlot != "", walSlot: c.walSlot}, nil
+		generated: newInserts(t.sanitized(), 0), walSlot: c.walSlot}, nil
 }
 
 // DefaultMaxEventBytes is the largest Kafka record (key + value + headers)
@@ -299,7 +298,7 @@ func (w *Writer) encode(ev events.Event, po events.PublishOptions) (row, error) 
 		return row{}, &EventTooLargeError{Type: d.Type, Topic: d.Topic, EventID: env.EventID, Size: size, Limit: w.maxBytes}
 	}
 	r := row{id: env.EventID, eventType: env.Type, topic: d.Topic, key: key, value: value}
-	if w.wal {
+	if w.walSource() {
 		// No table, no unique index: a fixed ID is an ID like any other.
 		r.record = walRecord(d.Topic, key, headers, value)
 		return r, nil
@@ -315,30 +314,31 @@ func (w *Writer) encode(ev events.Event, po events.PublishOptions) (row, error) 
 // kind (fixed IDs or not), through q: the INSERT for the table's shape, or
 // a WAL Writer's messages.
 func (w *Writer) statement(ctx context.Context, q querier, rows []row) (string, []any) {
-	if w.wal {
+	if w.walSource() {
 		return walStatement(rows)
 	}
 	return w.learn(ctx, q).run(rows)
 }
 
-// failed explains why a write's statement failed.
+// failed explains why a write's statement failed (a message has nothing
+// to explain that walReady did not check first).
 func (w *Writer) failed(err error) error {
-	if w.wal {
-		return walFailed(err)
+	if w.walSource() {
+		return err
 	}
 	return w.insertFailed(err)
 }
 
 // verb and target say what the Writer does and where, for errors.
 func (w *Writer) verb() string {
-	if w.wal {
+	if w.walSource() {
 		return "emit"
 	}
 	return "insert"
 }
 
 func (w *Writer) target() string {
-	if w.wal {
+	if w.walSource() {
 		return "the write-ahead log"
 	}
 	return w.table.String()
@@ -422,7 +422,7 @@ func (w *Writer) WriteBatch(ctx context.Context, tx Tx, evs []events.Event, opts
 // wake tells this process's relays of the Writer's table that rows are
 // coming (uncommitted); a WAL Writer has no table and wakes nobody.
 func (w *Writer) wake() {
-	if !w.wal {
+	if !w.walSource() {
 		wakeTable(w.table, false)
 	}
 }

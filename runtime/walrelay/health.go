@@ -141,7 +141,7 @@ func (r *Relay) watchLag(ctx context.Context, wm *watermark) {
 			return
 		case <-t.C:
 		}
-		st, err := SlotStatus(ctx, r.pool, WithSlot(r.cfg.slot))
+		st, err := readSlot(ctx, r.pool, r.cfg.slot)
 		if err != nil {
 			continue
 		}

@@ -61,9 +61,8 @@ var errStandby = errors.New("the slot is held by another relay")
 func (r *Relay) Run(ctx context.Context) error {
 	r.state.running(true)
 	defer r.state.running(false)
-	var tr *kafka.Transport
-	if r.cfg.tls != nil || r.cfg.sasl != nil {
-		tr = &kafka.Transport{TLS: r.cfg.tls, SASL: r.cfg.sasl}
+	tr := kafkawriter.Transport(r.cfg.tls, r.cfg.sasl)
+	if tr != nil {
 		defer tr.CloseIdleConnections()
 	}
 	points := faults.WALRelayFrom(ctx)
@@ -129,7 +128,7 @@ func (r *Relay) session(ctx context.Context, tr *kafka.Transport, points faults.
 	// Only this session can move the slot now: its confirmed position is
 	// where the stream starts, and what status updates must never go
 	// below.
-	st, err := SlotStatus(ctx, r.pool, WithSlot(r.cfg.slot))
+	st, err := readSlot(ctx, r.pool, r.cfg.slot)
 	if err != nil {
 		return err
 	}
@@ -240,7 +239,7 @@ func (r *Relay) startFailed(ctx context.Context, err error) error {
 
 // checkSlot refuses a slot that is missing or invalidated.
 func (r *Relay) checkSlot(ctx context.Context) error {
-	st, err := SlotStatus(ctx, r.pool, WithSlot(r.cfg.slot))
+	st, err := readSlot(ctx, r.pool, r.cfg.slot)
 	switch {
 	case err != nil:
 		return err

@@ -63,7 +63,7 @@ func Setup(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
 	// A logical slot cannot be created in a transaction that wrote, so
 	// not in the one above; a concurrent Setup that created it first is
 	// an existing slot.
-	st, err := SlotStatus(ctx, pool, WithSlot(c.slot))
+	st, err := readSlot(ctx, pool, c.slot)
 	if err != nil {
 		return err
 	}
@@ -80,7 +80,7 @@ func Setup(ctx context.Context, pool *pgxpool.Pool, opts ...Option) error {
 		default:
 			return nil
 		}
-		if st, err = SlotStatus(ctx, pool, WithSlot(c.slot)); err != nil {
+		if st, err = readSlot(ctx, pool, c.slot); err != nil {
 			return err
 		}
 	}
@@ -144,13 +144,18 @@ func SlotStatus(ctx context.Context, pool *pgxpool.Pool, opts ...Option) (Slot, 
 	if err != nil {
 		return Slot{}, err
 	}
-	s := Slot{Name: c.slot}
-	err = pool.QueryRow(ctx, slotRow, c.slot).Scan(&s.Plugin, &s.Active, &s.ActivePID, &s.Confirmed, &s.WALStatus, &s.SafeWALBytes, &s.LagBytes)
+	return readSlot(ctx, pool, c.slot)
+}
+
+// readSlot is SlotStatus for a slot name already validated.
+func readSlot(ctx context.Context, pool *pgxpool.Pool, slot string) (Slot, error) {
+	s := Slot{Name: slot}
+	err := pool.QueryRow(ctx, slotRow, slot).Scan(&s.Plugin, &s.Active, &s.ActivePID, &s.Confirmed, &s.WALStatus, &s.SafeWALBytes, &s.LagBytes)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return s, nil
 	case err != nil:
-		return s, fmt.Errorf("walrelay: read slot %q: %w", c.slot, err)
+		return s, fmt.Errorf("walrelay: read slot %q: %w", slot, err)
 	}
 	s.Exists = true
 	return s, nil

@@ -174,14 +174,7 @@ func (s *stream) logical(ctx context.Context, data []byte) error {
 
 // kafkaMessage is the record as the relay sends it.
 func kafkaMessage(r walrecord.Record) kafka.Message {
-	m := kafka.Message{Topic: r.Topic, Key: r.Key, Value: r.Value}
-	if len(r.Headers) > 0 {
-		m.Headers = make([]kafka.Header, len(r.Headers))
-		for i, h := range r.Headers {
-			m.Headers[i] = kafka.Header{Key: h.Key, Value: h.Value}
-		}
-	}
-	return m
+	return kafka.Message{Topic: r.Topic, Key: r.Key, Value: r.Value, Headers: r.Headers}
 }
 
 // hand gives t's shares to their lanes, still confirming on time while a

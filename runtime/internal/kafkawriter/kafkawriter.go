@@ -4,9 +4,11 @@
 package kafkawriter
 
 import (
+	"crypto/tls"
 	"time"
 
 	"github.com/segmentio/kafka-go"
+	"github.com/segmentio/kafka-go/sasl"
 )
 
 // Config is what a relay chooses about its producer.
@@ -16,6 +18,16 @@ type Config struct {
 	MaxAttempts  int
 	WriteTimeout time.Duration
 	BatchSize    int
+}
+
+// Transport returns the transport that carries a relay's TLS and SASL
+// settings, or nil without them (kafka-go's default transport). A relay
+// builds one per Run and shares it between its Writers.
+func Transport(t *tls.Config, m sasl.Mechanism) *kafka.Transport {
+	if t == nil && m == nil {
+		return nil
+	}
+	return &kafka.Transport{TLS: t, SASL: m}
 }
 
 // New returns a producer with RequiredAcks = RequireAll, synchronous

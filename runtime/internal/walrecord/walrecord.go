@@ -13,6 +13,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+
+	"github.com/segmentio/kafka-go"
 )
 
 // Prefix is the logical decoding message prefix of outbox records: the WAL
@@ -28,17 +30,12 @@ const (
 	version = 1
 )
 
-// Header is one Kafka header.
-type Header struct {
-	Key   string
-	Value []byte
-}
-
-// Record is one event as the relay publishes it.
+// Record is one event as the relay publishes it. Its headers are
+// kafka-go's, so neither side converts them.
 type Record struct {
 	Topic   string
 	Key     []byte
-	Headers []Header
+	Headers []kafka.Header
 	Value   []byte
 }
 
@@ -101,11 +98,11 @@ func Decode(b []byte) (Record, error) {
 		d.fail("header count")
 	}
 	if d.err == nil && n > 0 {
-		r.Headers = make([]Header, 0, n)
+		r.Headers = make([]kafka.Header, 0, n)
 		for i := uint64(0); i < n && d.err == nil; i++ {
 			k := d.bytes("header key")
 			v := d.bytes("header value")
-			r.Headers = append(r.Headers, Header{Key: string(k), Value: v})
+			r.Headers = append(r.Headers, kafka.Header{Key: string(k), Value: v})
 		}
 	}
 	if d.err != nil {

@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"errors"
 	"testing"
+
+	"github.com/segmentio/kafka-go"
 )
 
 func TestRoundTrip(t *testing.T) {
 	for _, r := range []Record{
 		{Topic: "shop.orders.v1", Key: []byte("o-1"), Value: []byte(`{"a":1}`),
-			Headers: []Header{{Key: "ce_id", Value: []byte("01J")}, {Key: "empty", Value: nil}}},
+			Headers: []kafka.Header{{Key: "ce_id", Value: []byte("01J")}, {Key: "empty", Value: nil}}},
 		{Topic: "t", Key: []byte{0}, Value: nil},
 		{Topic: "t", Key: bytes.Repeat([]byte("k"), 300), Value: bytes.Repeat([]byte("v"), 70000)},
 	} {
@@ -33,7 +35,7 @@ func TestRoundTrip(t *testing.T) {
 }
 
 func TestDecodeRefusesWhatItCannotRead(t *testing.T) {
-	good := Append(nil, Record{Topic: "t", Key: []byte("k"), Headers: []Header{{Key: "h", Value: []byte("v")}}, Value: []byte("x")})
+	good := Append(nil, Record{Topic: "t", Key: []byte("k"), Headers: []kafka.Header{{Key: "h", Value: []byte("v")}}, Value: []byte("x")})
 	for name, b := range map[string][]byte{
 		"empty":       nil,
 		"not ours":    []byte("{}"),
@@ -49,7 +51,7 @@ func TestDecodeRefusesWhatItCannotRead(t *testing.T) {
 }
 
 func FuzzDecode(f *testing.F) {
-	f.Add(Append(nil, Record{Topic: "t", Key: []byte("k"), Headers: []Header{{Key: "a", Value: []byte("b")}}, Value: []byte("v")}))
+	f.Add(Append(nil, Record{Topic: "t", Key: []byte("k"), Headers: []kafka.Header{{Key: "a", Value: []byte("b")}}, Value: []byte("v")}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		r, err := Decode(b)
 		if err != nil {
