@@ -53,7 +53,7 @@ func TestConsumerStatusAndReset(t *testing.T) {
 			}
 			msgs = append(msgs, kafka.Message{Key: env.Key, Value: value, Headers: headers})
 		}
-		w := &kafka.Writer{Addr: kafka.TCP(k.Brokers...), Topic: topic, Balancer: &kafka.Hash{}, BatchTimeout: time.Millisecond}
+		w := &kafka.Writer{Addr: kafka.TCP(k.Brokers...), Topic: topic, Balancer: &kafka.Hash{}, BatchTimeout: time.Millisecond, RequiredAcks: kafka.RequireAll}
 		defer w.Close()
 		if err := w.WriteMessages(ctx, msgs...); err != nil {
 			t.Fatal(err)

@@ -36,7 +36,9 @@ func TestDLQShowFindsPartitionAndDecodesProto(t *testing.T) {
 	}
 	headers = append(headers, kafka.Header{Key: consumer.HeaderDLQError, Value: []byte("no carrier serves country \"ZZ\"\nstack line")},
 		kafka.Header{Key: consumer.HeaderDLQConsumer, Value: []byte("shipping")})
-	w := &kafka.Writer{Addr: kafka.TCP(k.Brokers...), Balancer: kafka.BalancerFunc(func(m kafka.Message, _ ...int) int {
+	// RequireAll: kafka-go's default (RequireNone) returns before the
+	// broker appended the records, and the listing below raced them.
+	w := &kafka.Writer{Addr: kafka.TCP(k.Brokers...), RequiredAcks: kafka.RequireAll, Balancer: kafka.BalancerFunc(func(m kafka.Message, _ ...int) int {
 		return int(m.Key[0] - '0')
 	})}
 	defer w.Close()
