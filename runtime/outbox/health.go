@@ -38,6 +38,13 @@ type Health struct {
 	// OldestPending is the age of the oldest pending row of the relay's
 	// lanes at the last check (0: none).
 	OldestPending time.Duration
+	// Pending is how many rows of the relay's lanes were pending at the
+	// last check, counted up to the WithReadyBacklog bound + 1; -1 when no
+	// such bound is set (nothing is counted).
+	Pending int64
+	// Backlog is the WithReadyBacklog bound (zero: none); Ready is false
+	// while Pending or OldestPending breaks it.
+	Backlog BacklogBound
 	// LastProgress is when the relay last marked rows published (or
 	// started, if it has not yet).
 	LastProgress time.Time
@@ -92,6 +99,13 @@ func (h Health) String() string {
 	fmt.Fprintln(&b, h.Kafka.describe("kafka", now))
 	fmt.Fprintf(&b, "lanes: %d owned\n", h.Lanes)
 	fmt.Fprintf(&b, "oldest pending row: %s; last progress %s ago\n", roundAge(h.OldestPending), roundAge(now.Sub(h.LastProgress)))
+	if h.Pending >= 0 {
+		pending := fmt.Sprint(h.Pending)
+		if h.Backlog.MaxPending > 0 && h.Pending > h.Backlog.MaxPending {
+			pending = fmt.Sprintf("more than %d", h.Backlog.MaxPending)
+		}
+		fmt.Fprintf(&b, "pending rows: %s (bound: %s)\n", pending, h.Backlog)
+	}
 	return b.String()
 }
 
@@ -134,6 +148,7 @@ type healthState struct {
 	byWorker     map[int][]int // each worker's lanes
 	table        *resolvedTable
 	oldest       time.Duration
+	pending      int64 // -1: not counted
 	lastProgress time.Time
 }
 
@@ -142,7 +157,7 @@ func (h *healthState) start() {
 	defer h.mu.Unlock()
 	now := time.Now()
 	h.running, h.beat, h.lastProgress = true, now, now
-	h.db, h.kafka, h.lanes, h.owned, h.table, h.oldest = Dependency{}, Dependency{}, 0, nil, nil, 0
+	h.db, h.kafka, h.lanes, h.owned, h.table, h.oldest, h.pending = Dependency{}, Dependency{}, 0, nil, nil, 0, -1
 	h.byWorker = map[int][]int{}
 }
 
@@ -217,7 +232,8 @@ func (h *healthState) snapshot(cfg relayConfig) Health {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	now := time.Now()
-	out := Health{Database: h.db, Kafka: h.kafka, Lanes: h.lanes, OldestPending: h.oldest, LastProgress: h.lastProgress}
+	out := Health{Database: h.db, Kafka: h.kafka, Lanes: h.lanes, OldestPending: h.oldest, LastProgress: h.lastProgress,
+		Pending: h.pending, Backlog: cfg.readyBacklog}
 	if !h.running {
 		out.Problems = append(out.Problems, "relay not running")
 		return out
@@ -244,6 +260,10 @@ func (h *healthState) snapshot(cfg relayConfig) Health {
 	if idle := now.Sub(h.lastProgress); h.oldest > cfg.stallTimeout && idle > cfg.stallTimeout {
 		out.Ready = false
 		out.Problems = append(out.Problems, fmt.Sprintf("no progress for %s with rows pending for %s (see `eventsctl outbox status` and `outbox list --stuck`)", roundAge(idle), roundAge(h.oldest)))
+	}
+	if cfg.readyBacklog.over(backlogSample{pending: h.pending, oldest: h.oldest}) {
+		out.Ready = false
+		out.Problems = append(out.Problems, fmt.Sprintf("backlog over the bound (%s): producers with the same WithBacklogPolicy are refused; is the relay publishing? (see `eventsctl outbox status`)", cfg.readyBacklog))
 	}
 	return out
 }
@@ -284,10 +304,15 @@ func (r *Relay) checkDatabase(ctx context.Context) {
 	r.health.mu.Unlock()
 	var err error
 	var oldest float64
+	pending := int64(-1)
 	if t == nil {
 		err = r.pool.Ping(cctx)
 	} else {
-		err = r.pool.QueryRow(cctx, newQueries(t.qualified()).oldestOwned, owned).Scan(&oldest)
+		qs := newQueries(t.qualified())
+		err = r.pool.QueryRow(cctx, qs.oldestOwned, owned).Scan(&oldest)
+		if bound := r.cfg.readyBacklog.MaxPending; err == nil && bound > 0 {
+			err = r.pool.QueryRow(cctx, qs.pendingOwned, owned, bound+1).Scan(&pending)
+		}
 	}
 	if ctx.Err() != nil {
 		return
@@ -295,6 +320,7 @@ func (r *Relay) checkDatabase(ctx context.Context) {
 	if err == nil {
 		r.health.mu.Lock()
 		r.health.oldest = time.Duration(oldest * float64(time.Second))
+		r.health.pending = pending
 		r.health.mu.Unlock()
 	}
 	r.dep(depDatabase, wrapProbe(depDatabase, err))

@@ -33,6 +33,7 @@ type writerConfig struct {
 	producer string
 	format   envelope.Format
 	walSlot  string // WithWALSource: the slot that must exist
+	backlog  *BacklogPolicy
 }
 
 type relayConfig struct {
@@ -57,6 +58,7 @@ type relayConfig struct {
 	shutdownGrace     time.Duration
 	healthInterval    time.Duration
 	stallTimeout      time.Duration
+	readyBacklog      BacklogBound
 	logInterval       time.Duration
 	tracerProvider    trace.TracerProvider
 	err               error
@@ -362,6 +364,24 @@ func WithStallTimeout(d time.Duration) RelayOption {
 			return
 		}
 		c.stallTimeout = d
+	})
+}
+
+// WithReadyBacklog makes the relay report itself not ready while its lanes'
+// backlog breaks b: more than b.MaxPending pending rows (counted up to
+// b.MaxPending+1 at each health check) or a pending row older than
+// b.MaxAge. Give it the bound the producers' WithBacklogPolicy uses, so
+// the relay's /readyz turns red when producers start being refused (a relay
+// sees its own lanes' share of the table: with several relays, divide
+// MaxPending among them). Without it /readyz shows the oldest pending row's
+// age and counts nothing.
+func WithReadyBacklog(b BacklogBound) RelayOption {
+	return relayFunc(func(c *relayConfig) {
+		if err := b.check("WithReadyBacklog"); err != nil {
+			c.fail("%v", err)
+			return
+		}
+		c.readyBacklog = b
 	})
 }
 

@@ -115,6 +115,7 @@ type queries struct {
 	claim         string
 	claimUnparked string
 	oldestOwned   string
+	pendingOwned  string
 	markPublished string
 	markFailed    string
 	cleanup       string
@@ -160,6 +161,10 @@ FROM unnest($1::int[], $2::int[]) AS l(lane, quota) CROSS JOIN LATERAL (
 FROM unnest($1::int[]) AS l(lane) CROSS JOIN LATERAL (
   SELECT id, created_at FROM %s WHERE published_at IS NULL AND lane = l.lane ORDER BY id LIMIT 1) o
 ORDER BY o.id LIMIT 1), 0)`, table),
+		// pendingOwned counts the pending rows of the relay's lanes $1, up
+		// to $2 (WithReadyBacklog): as many pending-index entries as it
+		// counts.
+		pendingOwned: fmt.Sprintf(`SELECT count(*) FROM (SELECT 1 FROM %s WHERE published_at IS NULL AND lane = ANY($1::int[]) LIMIT $2) p`, table),
 		// markPublished finds its rows by primary key alone. Written as
 		// "published_at IS NULL", the guard would match the pending index's
 		// predicate, and with statistics from before a backlog the planner
@@ -182,6 +187,18 @@ FROM %s WHERE published_at IS NULL`, table),
 		// from the pending index and are sorted.
 		statusError: fmt.Sprintf(`SELECT last_error FROM %s WHERE published_at IS NULL AND last_error IS NOT NULL ORDER BY id + 0 LIMIT 1`, table),
 	}
+}
+
+// backlogQueries are a Writer's backlog samples (WithBacklogPolicy) of
+// the table and of one topic: how many rows are pending, counted up to $1
+// (NULL: all), and the age in seconds of the oldest of those counted. The
+// pending index (lane, id) holds only pending rows, so the count reads as
+// many index entries as it counts; when it stops at $1 the bound is
+// broken whatever the age.
+func backlogQueries(table string) (all, topic string) {
+	const sample = `SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8
+FROM (SELECT created_at FROM %s WHERE published_at IS NULL%s LIMIT $1) p`
+	return fmt.Sprintf(sample, table, ``), fmt.Sprintf(sample, table, ` AND topic = $2`)
 }
 
 // schemaData fills outbox.sql.

@@ -48,6 +48,8 @@ type Writer struct {
 	walSlot string
 	// walChecked is when the slot was last seen ready (unix nanoseconds).
 	walChecked atomic.Int64
+	// backlog applies WithBacklogPolicy (nil without it).
+	backlog *backlogGuard
 }
 
 // NewWriter returns a Writer for the outbox table (default "outbox").
@@ -79,8 +81,16 @@ func NewWriter(opts ...WriterOption) (*Writer, error) {
 	if err := checkWALSlot(c.walSlot); err != nil {
 		return nil, err
 	}
+	if c.walSlot != "" && c.backlog != nil {
+		return nil, errors.New("outbox: WithBacklogPolicy counts the outbox table's pending rows, and a WithWALSource Writer writes none: " +
+			"bound the WAL relay's slot instead (walrelay.WithMaxLagBytes for readiness, max_slot_wal_keep_size in Postgres; docs/runbook.md, \"WAL relay\")")
+	}
+	bg, err := newBacklogGuard(t, c.backlog)
+	if err != nil {
+		return nil, err
+	}
 	return &Writer{table: t, env: envelope.Options{Format: c.format, Producer: c.producer}, maxBytes: maxBytes,
-		generated: newInserts(t.sanitized(), 0), walSlot: c.walSlot}, nil
+		generated: newInserts(t.sanitized(), 0), walSlot: c.walSlot, backlog: bg}, nil
 }
 
 // DefaultMaxEventBytes is the largest Kafka record (key + value + headers)
@@ -310,6 +320,15 @@ func (w *Writer) encode(ev events.Event, po events.PublishOptions) (row, error) 
 	return r, nil
 }
 
+// admit checks, before rows are written through tx, that their reader is
+// ready (walReady) and that the backlog allows them (WithBacklogPolicy).
+func (w *Writer) admit(ctx context.Context, tx Tx, rows []row) error {
+	if err := w.walReady(ctx, tx); err != nil {
+		return err
+	}
+	return w.backlog.admit(ctx, tx, rows)
+}
+
 // statement is the statement and arguments that write rows, all of one
 // kind (fixed IDs or not), through q: the INSERT for the table's shape, or
 // a WAL Writer's messages.
@@ -359,7 +378,7 @@ func (w *Writer) Write(ctx context.Context, tx Tx, ev events.Event, opts ...even
 	if err != nil {
 		return events.EventID{}, err
 	}
-	if err := w.walReady(ctx, tx); err != nil {
+	if err := w.admit(ctx, tx, []row{r}); err != nil {
 		return events.EventID{}, err
 	}
 	if c, ok := tx.(*CommitTx); ok {
@@ -402,7 +421,7 @@ func (w *Writer) WriteBatch(ctx context.Context, tx Tx, evs []events.Event, opts
 		}
 		ids[i], rows[i] = r.id, r
 	}
-	if err := w.walReady(ctx, tx); err != nil {
+	if err := w.admit(ctx, tx, rows); err != nil {
 		return nil, err
 	}
 	if c, ok := tx.(*CommitTx); ok {

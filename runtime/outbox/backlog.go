@@ -1,0 +1,351 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Producer backpressure (WithBacklogPolicy): a Writer that sees the outbox
+// backlog over a bound refuses new events, at once or after waiting, with
+// a *BacklogError, instead of letting the table grow without limit while
+// the relay cannot publish. The backlog is sampled through the caller's
+// transaction at most once per sample interval and otherwise read from
+// memory, so a write costs no extra round trip.
+
+// BacklogBound bounds a backlog of pending (unpublished) outbox rows by
+// how many there are and how old the oldest is; a zero field sets no
+// bound of its kind.
+type BacklogBound struct {
+	// MaxPending is the most pending rows allowed. A sample counts at most
+	// MaxPending+1 rows, so its cost is bounded by the bound.
+	MaxPending int64
+	// MaxAge is the oldest a pending row may be (its created_at: the start
+	// of the transaction that wrote it).
+	MaxAge time.Duration
+}
+
+func (b BacklogBound) zero() bool { return b.MaxPending == 0 && b.MaxAge == 0 }
+
+func (b BacklogBound) check(what string) error {
+	if b.MaxPending < 0 || b.MaxAge < 0 {
+		return fmt.Errorf("outbox: backlog bound for %s: MaxPending %d and MaxAge %v must not be negative", what, b.MaxPending, b.MaxAge)
+	}
+	return nil
+}
+
+// over reports whether a sample breaks the bound (oldest is 0 when
+// nothing is pending).
+func (b BacklogBound) over(s backlogSample) bool {
+	return (b.MaxPending > 0 && s.pending > b.MaxPending) || (b.MaxAge > 0 && s.oldest > b.MaxAge)
+}
+
+func (b BacklogBound) String() string {
+	var parts []string
+	if b.MaxPending > 0 {
+		parts = append(parts, fmt.Sprintf("%d pending rows", b.MaxPending))
+	}
+	if b.MaxAge > 0 {
+		parts = append(parts, fmt.Sprintf("oldest %s", b.MaxAge))
+	}
+	return strings.Join(parts, ", ")
+}
+
+// DefaultBacklogSample is how stale a Writer's backlog sample may be
+// unless BacklogPolicy.Sample says otherwise.
+const DefaultBacklogSample = time.Second
+
+// BacklogPolicy is what a Writer does about the outbox's backlog (see
+// WithBacklogPolicy).
+type BacklogPolicy struct {
+	// Table bounds the backlog of the whole table, every topic together.
+	Table BacklogBound
+	// Topics bounds the backlog of single topics: an event of a topic named
+	// here is refused when that topic's pending rows break its bound (and
+	// still when the whole table breaks Table's). A topic's sample reads
+	// the table's pending rows until it has counted MaxPending+1 of the
+	// topic's, so keep topic bounds for the topics where a backlog matters.
+	Topics map[string]BacklogBound
+	// Wait is how long a write over a bound waits for the backlog to fall
+	// below it, sampling it again every Sample, before it fails; 0 fails at
+	// once. The wait keeps the caller's transaction open: fail fast on
+	// request paths, wait in batch jobs. Publish's context bounds the wait
+	// too.
+	Wait time.Duration
+	// Sample is how stale the Writer's view of the backlog may be
+	// (default DefaultBacklogSample): one write in each interval reads the
+	// backlog through its transaction, the others use that reading.
+	Sample time.Duration
+}
+
+// WithBacklogPolicy makes the Writer refuse events while the outbox's
+// backlog is over a bound — the relay down or unable to reach Kafka for
+// long enough — with a *BacklogError (errors.Is ErrBacklog), at once or
+// after waiting up to the policy's Wait, rather than let the table grow
+// without limit. Nothing is written when the error is returned; rows
+// already written stay and are published once the relay catches up. The
+// Writer of the WAL source has no rows to count and refuses the option.
+func WithBacklogPolicy(p BacklogPolicy) WriterOption { return backlogOption{p} }
+
+type backlogOption struct{ p BacklogPolicy }
+
+func (o backlogOption) applyWriter(c *writerConfig) { c.backlog = &o.p }
+
+// ErrBacklog matches (errors.Is) every *BacklogError.
+var ErrBacklog = errors.New("outbox backlog over its bound")
+
+// BacklogError is returned by Write and WriteBatch when the outbox's
+// backlog is over a bound of the Writer's BacklogPolicy; nothing is
+// written.
+type BacklogError struct {
+	// Table is the outbox table, as the Writer names it.
+	Table string
+	// Topic is the topic whose bound was broken, "" for the whole table.
+	Topic string
+	// Pending is how many rows were pending at the last sample (at most
+	// the bound + 1: a sample stops counting there).
+	Pending int64
+	// OldestPending is the age of the oldest pending row.
+	OldestPending time.Duration
+	// Bound is the bound that was broken.
+	Bound BacklogBound
+	// Waited is how long the write waited for the backlog to fall.
+	Waited time.Duration
+}
+
+func (e *BacklogError) Error() string {
+	scope := "table " + e.Table
+	if e.Topic != "" {
+		scope += fmt.Sprintf(" (topic %q)", e.Topic)
+	}
+	pending := fmt.Sprintf("%d", e.Pending)
+	if e.Bound.MaxPending > 0 && e.Pending > e.Bound.MaxPending {
+		pending = fmt.Sprintf("more than %d", e.Bound.MaxPending)
+	}
+	waited := ""
+	if e.Waited > 0 {
+		waited = fmt.Sprintf(" after waiting %s", e.Waited.Round(time.Millisecond))
+	}
+	return fmt.Sprintf("outbox: %v: %s has %s pending rows, the oldest %s old, over the bound (%s)%s; nothing was written: "+
+		"the relay is not keeping up or cannot reach Kafka (eventsctl outbox status, the relay's /readyz); retry later, or raise the bound (outbox.WithBacklogPolicy)",
+		ErrBacklog, scope, pending, roundAge(e.OldestPending), e.Bound, waited)
+}
+
+// Is makes errors.Is(err, ErrBacklog) hold.
+func (e *BacklogError) Is(target error) bool { return target == ErrBacklog }
+
+// backlogSample is one reading of a backlog.
+type backlogSample struct {
+	at      time.Time
+	pending int64
+	oldest  time.Duration // at the time of the reading
+}
+
+// age is the sample's oldest row age now: it grows while nothing drains.
+func (s backlogSample) aged(now time.Time) backlogSample {
+	if s.pending > 0 {
+		s.oldest += now.Sub(s.at)
+	}
+	return s
+}
+
+// backlogGauge is the sampled backlog of the table or of one topic.
+type backlogGauge struct {
+	topic string // "" for the table
+	bound BacklogBound
+	last  atomic.Pointer[backlogSample]
+	mu    sync.Mutex // held by the one write that samples
+}
+
+// backlogGuard applies a Writer's BacklogPolicy.
+type backlogGuard struct {
+	table      string // as the Writer names it, for errors
+	tableSQL   string // counts the table's pending rows ($1: LIMIT)
+	topicSQL   string // counts one topic's ($1: LIMIT, $2: topic)
+	wait       time.Duration
+	sample     time.Duration
+	all        *backlogGauge            // nil without a table bound
+	topics     map[string]*backlogGauge // per topic bounds
+	sleepUntil func(ctx context.Context, d time.Duration) error
+}
+
+func newBacklogGuard(t tableName, p *BacklogPolicy) (*backlogGuard, error) {
+	if p == nil {
+		return nil, nil
+	}
+	if p.Wait < 0 || p.Sample < 0 {
+		return nil, fmt.Errorf("outbox: WithBacklogPolicy: Wait %v and Sample %v must not be negative", p.Wait, p.Sample)
+	}
+	if err := p.Table.check("the table"); err != nil {
+		return nil, err
+	}
+	g := &backlogGuard{table: t.String(), wait: p.Wait, sample: p.Sample, topics: map[string]*backlogGauge{}, sleepUntil: sleepCtx}
+	if g.sample == 0 {
+		g.sample = DefaultBacklogSample
+	}
+	g.tableSQL, g.topicSQL = backlogQueries(t.sanitized())
+	if !p.Table.zero() {
+		g.all = &backlogGauge{bound: p.Table}
+	}
+	for _, topic := range slices.Sorted(maps.Keys(p.Topics)) {
+		b := p.Topics[topic]
+		if topic == "" {
+			return nil, errors.New("outbox: WithBacklogPolicy: empty topic name in Topics (bound the whole table with Table)")
+		}
+		if err := b.check(fmt.Sprintf("topic %q", topic)); err != nil {
+			return nil, err
+		}
+		if !b.zero() {
+			g.topics[topic] = &backlogGauge{topic: topic, bound: b}
+		}
+	}
+	if g.all == nil && len(g.topics) == 0 {
+		return nil, errors.New("outbox: WithBacklogPolicy: no bound set: give Table or Topics a MaxPending or a MaxAge")
+	}
+	return g, nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// admit returns nil when rows of these topics may be written now, or a
+// *BacklogError once a bound is still broken after the policy's wait.
+func (g *backlogGuard) admit(ctx context.Context, q querier, rows []row) error {
+	if g == nil {
+		return nil
+	}
+	gauges := g.gaugesFor(rows)
+	if len(gauges) == 0 {
+		return nil
+	}
+	start := time.Now()
+	refuse := func(gg *backlogGauge, s backlogSample) error {
+		e := &BacklogError{Table: g.table, Topic: gg.topic, Pending: s.pending, OldestPending: s.oldest, Bound: gg.bound}
+		if g.wait > 0 {
+			e.Waited = time.Since(start)
+		}
+		return e
+	}
+	for {
+		var broken *backlogGauge
+		var s backlogSample
+		for _, gg := range gauges {
+			var err error
+			if s, err = g.read(ctx, q, gg, false); err != nil {
+				return err
+			}
+			if gg.bound.over(s) {
+				broken = gg
+				break
+			}
+		}
+		if broken == nil {
+			return nil
+		}
+		left := g.wait - time.Since(start)
+		if dl, ok := ctx.Deadline(); ok {
+			left = min(left, time.Until(dl))
+		}
+		if left <= 0 {
+			return refuse(broken, s)
+		}
+		if err := g.sleepUntil(ctx, min(left, g.sample)); err != nil {
+			return refuse(broken, s)
+		}
+		// Read the broken gauge afresh: this write is the one waiting.
+		if _, err := g.read(ctx, q, broken, true); err != nil {
+			if ctx.Err() != nil {
+				return refuse(broken, s) // the wait ended during the reading
+			}
+			return err
+		}
+	}
+}
+
+// gaugesFor returns the gauges that apply to rows: the table's, then each
+// of their topics' once.
+func (g *backlogGuard) gaugesFor(rows []row) []*backlogGauge {
+	var gs []*backlogGauge
+	if g.all != nil {
+		gs = append(gs, g.all)
+	}
+	if len(g.topics) == 0 {
+		return gs
+	}
+	for _, r := range rows {
+		if gg, ok := g.topics[r.topic]; ok && !slices.Contains(gs, gg) {
+			gs = append(gs, gg)
+		}
+	}
+	return gs
+}
+
+// read returns the gauge's sample, reading it through q when the last one
+// is older than the sample interval (or fresh is set) and no other write
+// is reading it; another write's reading in progress is waited for only
+// when there is no earlier one.
+func (g *backlogGuard) read(ctx context.Context, q querier, gg *backlogGauge, fresh bool) (backlogSample, error) {
+	now := time.Now()
+	last := gg.last.Load()
+	if last != nil && !fresh && now.Sub(last.at) < g.sample {
+		return last.aged(now), nil
+	}
+	if last != nil && !fresh {
+		if !gg.mu.TryLock() {
+			return last.aged(now), nil // another write is reading it
+		}
+	} else {
+		gg.mu.Lock()
+	}
+	defer gg.mu.Unlock()
+	if l := gg.last.Load(); l != last && l != nil {
+		return l.aged(time.Now()), nil // read while this write waited for the lock
+	}
+	s, err := g.query(ctx, q, gg)
+	if err != nil {
+		return backlogSample{}, err
+	}
+	gg.last.Store(&s)
+	return s, nil
+}
+
+// query reads a gauge's backlog, counting at most its bound + 1 rows.
+func (g *backlogGuard) query(ctx context.Context, q querier, gg *backlogGauge) (backlogSample, error) {
+	var limit *int64
+	if gg.bound.MaxPending > 0 {
+		n := gg.bound.MaxPending + 1
+		limit = &n
+	}
+	var s backlogSample
+	var oldest float64
+	var err error
+	if gg.topic == "" {
+		err = q.QueryRow(ctx, g.tableSQL, limit).Scan(&s.pending, &oldest)
+	} else {
+		err = q.QueryRow(ctx, g.topicSQL, limit, gg.topic).Scan(&s.pending, &oldest)
+	}
+	if err != nil {
+		what := g.table
+		if gg.topic != "" {
+			what += fmt.Sprintf(" (topic %q)", gg.topic)
+		}
+		return s, fmt.Errorf("outbox: read the backlog of %s: %w", what, missingTable(err))
+	}
+	s.at = time.Now()
+	s.oldest = time.Duration(oldest * float64(time.Second))
+	return s, nil
+}
