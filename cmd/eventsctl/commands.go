@@ -167,6 +167,8 @@ never exits on one.`)
 	retention := fs.Duration("retention", 24*time.Hour, "keep published rows this long before deleting them (--source table)")
 	grace := fs.Duration("shutdown-grace", 5*time.Second, "on SIGINT/SIGTERM, how long the batch in flight may take to be acknowledged and marked")
 	stall := fs.Duration("stall-timeout", time.Minute, "/readyz fails when events have been pending this long with nothing published")
+	readyPending := fs.Int64("ready-max-pending", 0, "/readyz fails while more rows of the relay's lanes are pending (0: no bound; give the producers' outbox.WithBacklogPolicy bound; --source table)")
+	readyAge := fs.Duration("ready-max-age", 0, "/readyz fails while a pending row is older than this (0: no bound; --source table)")
 	metricsAddr := fs.String("metrics-addr", ":9090", `address serving /metrics, /livez, /readyz and /healthz ("" disables)`)
 	newLogger := logFlags(fs, env)
 	if err := parse(fs, args); err != nil {
@@ -177,6 +179,12 @@ never exits on one.`)
 	}
 	if err := need(*brokers, "brokers", "PROTOEVENTS_KAFKA_BROKERS"); err != nil {
 		return err
+	}
+	if *readyPending < 0 || *readyAge < 0 {
+		return fmt.Errorf("%w: --ready-max-pending and --ready-max-age must not be negative", errUsage)
+	}
+	if *source == "wal" && (*readyPending > 0 || *readyAge > 0) {
+		return fmt.Errorf("%w: --ready-max-pending and --ready-max-age bound the outbox table's rows; the WAL relay's /readyz bounds the slot's retained WAL instead", errUsage)
 	}
 	if *source != "table" && *source != "wal" {
 		return fmt.Errorf("%w: --source %q: want table or wal", errUsage, *source)
@@ -230,7 +238,8 @@ never exits on one.`)
 	relay, err := outbox.NewRelay(pool, splitList(*brokers),
 		outbox.WithTable(*table), outbox.WithBatchSize(*batch), outbox.WithWorkers(*workers), outbox.WithPollInterval(*poll),
 		outbox.WithRetention(*retention), outbox.WithHooks(metrics.Relay()), outbox.WithLogger(log),
-		outbox.WithShutdownGrace(*grace), outbox.WithStallTimeout(*stall))
+		outbox.WithShutdownGrace(*grace), outbox.WithStallTimeout(*stall),
+		outbox.WithReadyBacklog(outbox.BacklogBound{MaxPending: *readyPending, MaxAge: *readyAge}))
 	if err != nil {
 		return err
 	}
