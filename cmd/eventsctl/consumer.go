@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -103,6 +104,24 @@ type groupStatusJSON struct {
 	Lag                         int64                 `json:"lag"`
 	OldestUnprocessedAgeSeconds float64               `json:"oldest_unprocessed_age_seconds"`
 	Partitions                  []partitionStatusJSON `json:"partitions"`
+	Topics                      []topicRetentionJSON  `json:"topics"`
+	DedupRetentionSeconds       *float64              `json:"dedup_retention_seconds,omitempty"`
+}
+
+// topicRetentionJSON is a topic's retention; -1 seconds means for ever.
+type topicRetentionJSON struct {
+	Topic            string  `json:"topic"`
+	RetentionSeconds float64 `json:"retention_seconds"`
+	SegmentSeconds   float64 `json:"segment_seconds"`
+	CleanupPolicy    string  `json:"cleanup_policy"`
+}
+
+// retentionSeconds renders a retention for JSON, -1 for consumer.Forever.
+func retentionSeconds(d time.Duration) float64 {
+	if d == consumer.Forever {
+		return -1
+	}
+	return d.Seconds()
 }
 
 func runConsumerStatus(ctx context.Context, env *cliEnv, args []string) error {
@@ -110,16 +129,23 @@ func runConsumerStatus(ctx context.Context, env *cliEnv, args []string) error {
 Reports a consumer group as the Kafka coordinator sees it: its state and
 live members (ID, client ID, host) with the partitions each holds, and per
 partition the committed offset, the high watermark, the lag and the age of
-the oldest unprocessed message (the first one after the committed offset).
-A partition without a committed offset shows "-" (the consumer starts at
-the log start). It reads only: it joins no group and commits nothing.
-Exits 1 when the lag or the oldest unprocessed age exceeds --max-lag or
---max-age (for alerts), 3 when Kafka cannot be reached.`)
+the oldest unprocessed message (the first one after the committed offset),
+and per topic how long it keeps messages (retention.ms, segment.ms,
+cleanup.policy). A partition without a committed offset shows "-" (the
+consumer starts at the log start). It reads only: it joins no group and
+commits nothing. Exits 1 when the lag or the oldest unprocessed age exceeds
+--max-lag or --max-age (for alerts), or when a topic keeps messages longer
+than --dedup-retention (how long dedup rows are kept: a replay from the
+earliest offset would apply events again), 3 when Kafka cannot be reached.`)
 	asJSON := fs.Bool("json", false, "print JSON (snake_case, durations in seconds)")
 	maxLag := fs.Int64("max-lag", 0, "fail (exit 1) if the group's total lag exceeds this (0: never)")
 	maxAge := fs.Duration("max-age", 0, "fail (exit 1) if the oldest unprocessed message is older than this (0: never)")
+	dedup := fs.Duration("dedup-retention", 0, "how long the group's dedup rows are kept (WithPruning, eventsctl prune --older-than): fail (exit 1) if a topic keeps messages longer (0: not checked)")
 	if err := parse(fs, args); err != nil {
 		return err
+	}
+	if *dedup < 0 {
+		return fmt.Errorf("%w: --dedup-retention must not be negative", errUsage)
 	}
 	if err := checkConsumerFlags(*brokers, *group); err != nil {
 		return err
@@ -131,9 +157,20 @@ Exits 1 when the lag or the oldest unprocessed age exceeds --max-lag or
 	if err != nil {
 		return groupError(*brokers, err)
 	}
+	rets, err := consumer.DescribeRetention(ctx, splitList(*brokers), statusTopics(st))
+	if err != nil {
+		return groupError(*brokers, err)
+	}
 	if *asJSON {
 		out := groupStatusJSON{Group: st.Group, State: st.State, Members: []memberJSON{}, Lag: st.Lag(),
-			OldestUnprocessedAgeSeconds: seconds(st.OldestUnprocessed()), Partitions: []partitionStatusJSON{}}
+			OldestUnprocessedAgeSeconds: seconds(st.OldestUnprocessed()), Partitions: []partitionStatusJSON{}, Topics: []topicRetentionJSON{}}
+		for _, r := range rets {
+			out.Topics = append(out.Topics, topicRetentionJSON{r.Topic, retentionSeconds(r.Retention), retentionSeconds(r.Segment), r.Policy})
+		}
+		if *dedup > 0 {
+			d := dedup.Seconds()
+			out.DedupRetentionSeconds = &d
+		}
 		for _, m := range st.Members {
 			out.Members = append(out.Members, memberJSON{m.ID, m.ClientID, m.Host, m.Assignments})
 		}
@@ -154,6 +191,7 @@ Exits 1 when the lag or the oldest unprocessed age exceeds --max-lag or
 		}
 	} else {
 		printGroupStatus(env, st)
+		printRetention(env, rets, *dedup)
 	}
 	var failed []string
 	if *maxLag > 0 && st.Lag() > *maxLag {
@@ -162,12 +200,26 @@ Exits 1 when the lag or the oldest unprocessed age exceeds --max-lag or
 	if age := st.OldestUnprocessed(); *maxAge > 0 && age > *maxAge {
 		failed = append(failed, fmt.Sprintf("oldest unprocessed message is %s old (> --max-age %s)", age.Round(time.Second), *maxAge))
 	}
+	var short []string
+	if *dedup > 0 {
+		for _, r := range rets {
+			if r.Retention == consumer.Forever || r.Retention > *dedup {
+				short = append(short, fmt.Sprintf("topic %s keeps messages %s", r.Topic, retentionText(r.Retention)))
+			}
+		}
+	}
 	if len(failed) > 0 {
 		hint := "is the consumer running and keeping up? (its logs, and the members above)"
 		if len(st.Members) == 0 {
 			hint = "the group has no live member: start its consumers"
 		}
 		fmt.Fprintf(env.stderr, "eventsctl consumer status: group %s: %s: %s\n", st.Group, strings.Join(failed, ", "), hint)
+	}
+	if len(short) > 0 {
+		fmt.Fprintf(env.stderr, "eventsctl consumer status: group %s: %s, longer than --dedup-retention %s: a replay from the earliest offset would apply events again; "+
+			"keep dedup rows longer (WithPruning, eventsctl prune --older-than) or shorten the topics' retention.ms\n", st.Group, strings.Join(short, ", "), *dedup)
+	}
+	if len(failed) > 0 || len(short) > 0 {
 		return exitError(exitCheckFailed)
 	}
 	return nil
@@ -218,6 +270,51 @@ func printGroupStatus(env *cliEnv, st consumer.GroupStatus) {
 	if len(st.Members) > 0 && unowned > 0 {
 		fmt.Fprintf(env.stdout, "\n%d partition(s) held by no member: the group is rebalancing, or its members do not subscribe to the topic\n", unowned)
 	}
+}
+
+// statusTopics are the topics of a group status's partitions, sorted.
+func statusTopics(st consumer.GroupStatus) []string {
+	var ts []string
+	for _, p := range st.Partitions {
+		if !slices.Contains(ts, p.Topic) {
+			ts = append(ts, p.Topic)
+		}
+	}
+	slices.Sort(ts)
+	return ts
+}
+
+// retentionText renders a topic's retention for people.
+func retentionText(d time.Duration) string {
+	if d == consumer.Forever {
+		return "forever"
+	}
+	return d.String()
+}
+
+// printRetention prints how long each topic keeps messages, and how that
+// compares with the dedup retention when one is given.
+func printRetention(env *cliEnv, rets []consumer.TopicRetention, dedup time.Duration) {
+	if len(rets) == 0 {
+		return
+	}
+	fmt.Fprintln(env.stdout)
+	w := tabwriter.NewWriter(env.stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(w, "TOPIC\tRETENTION\tSEGMENT\tCLEANUP POLICY\tDEDUP ROWS")
+	for _, r := range rets {
+		verdict := "-"
+		switch {
+		case dedup == 0:
+		case r.Retention == consumer.Forever || r.Retention > dedup:
+			verdict = fmt.Sprintf("%s: too short, a replay would apply events again", dedup)
+		case r.Segment == consumer.Forever || r.Retention+r.Segment > dedup:
+			verdict = fmt.Sprintf("%s: covers retention.ms, not a quiet topic's last segment", dedup)
+		default:
+			verdict = fmt.Sprintf("%s: covers it", dedup)
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\n", r.Topic, retentionText(r.Retention), retentionText(r.Segment), r.Policy, verdict)
+	}
+	w.Flush()
 }
 
 // assignments renders a member's assignments as "topic[0,1] other[2]".

@@ -115,6 +115,23 @@ func TestConsumerStatusAndReset(t *testing.T) {
 		t.Fatalf("consumer status: exit %d\n%s%s", code, out, errOut)
 	}
 	t.Logf("eventsctl consumer status --group billing (running)\n%s", out)
+	if !hasRow(out, topic, "168h0m0s", "168h0m0s", "delete", "-") {
+		t.Fatalf("consumer status does not show the topic's retention:\n%s", out)
+	}
+	// Dedup rows kept an hour against a topic that keeps a week: a replay
+	// would apply events again.
+	if st := status(exitCheckFailed, "--dedup-retention", "1h"); len(st.Topics) != 1 || st.Topics[0].RetentionSeconds != 7*24*3600 ||
+		st.Topics[0].CleanupPolicy != "delete" || st.DedupRetentionSeconds == nil || *st.DedupRetentionSeconds != 3600 {
+		t.Fatalf("status --dedup-retention 1h: %+v", st)
+	}
+	code, out, errOut = cli(t, env, "consumer", "status", "--group", "billing", "--dedup-retention", "1h")
+	if code != exitCheckFailed || !strings.Contains(errOut, "topic "+topic+" keeps messages 168h0m0s, longer than --dedup-retention 1h0m0s") ||
+		!strings.Contains(out, "too short, a replay would apply events again") {
+		t.Fatalf("status --dedup-retention 1h: exit %d\n%s%s", code, out, errOut)
+	}
+	if code, out, errOut := cli(t, env, "consumer", "status", "--group", "billing", "--dedup-retention", "336h"); code != 0 || !strings.Contains(out, "covers it") {
+		t.Fatalf("status --dedup-retention 336h: exit %d\n%s%s", code, out, errOut)
+	}
 
 	code, out, errOut = cli(t, env, "consumer", "reset", "--group", "billing", "--to-earliest")
 	if code != exitFailed || !strings.Contains(errOut, "refused") || !strings.Contains(errOut, member.ID) || !strings.Contains(errOut, "stop every consumer of the group") {

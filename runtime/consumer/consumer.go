@@ -198,8 +198,11 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.awaitTopics(ctx); err != nil {
 		return err
 	}
+	if err := c.checkRetention(ctx); err != nil {
+		return err
+	}
 	if ctx.Err() != nil {
-		return nil // cancelled while waiting for topics
+		return nil // cancelled while waiting for topics or their retention
 	}
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)

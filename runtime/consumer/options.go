@@ -74,6 +74,7 @@ type settings struct {
 	drainTimeout   time.Duration
 	handlerGrace   time.Duration // how long a handler may run past its context's end before it is abandoned
 	maxBatch       int
+	retentionCheck RetentionCheck
 
 	// Test seams, unexported on purpose (fault points travel in Run's
 	// context instead: see runtime/faultinject).
