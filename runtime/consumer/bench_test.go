@@ -1,13 +1,18 @@
 package consumer
 
 import (
+	"context"
+	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/protoevents/protoevents/runtime/events"
 )
@@ -72,4 +77,77 @@ func BenchmarkConsumer(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkBurstMemory measures the live heap of a consumer whose handler
+// is ten times slower than its input: a burst of 10,000 events of 2 KB
+// (20 MB) is on the topic when the consumer starts, and the handler takes
+// a millisecond an event, so the burst is about ten seconds of work. For
+// two seconds the heap is sampled every 50 ms after a forced collection
+// (the live heap, not garbage waiting for the collector) and its peak
+// over the heap before the consumer started is reported:
+//
+//   - bounded: the default fetch limits (WithFetchLimits: 100 messages
+//     queued per partition), so the partition pauses fetching;
+//   - unbounded: the limits lifted (a million messages, 64 MiB a fetch),
+//     so the partition reads the whole burst into memory.
+func BenchmarkBurstMemory(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		opts []Option
+	}{
+		{"bounded", nil},
+		{"unbounded", []Option{WithFetchLimits(1_000_000, 64<<20)}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			var peak, handled float64
+			for range b.N {
+				p, n := burstMemory(b, bc.opts)
+				peak, handled = max(peak, p), handled+n
+			}
+			b.ReportMetric(peak/(1<<20), "peak-heap-MB")
+			b.ReportMetric(handled/float64(b.N), "handled")
+		})
+	}
+}
+
+// burstMemory runs one burst (BenchmarkBurstMemory) and returns the peak
+// live heap over the heap before the consumer started, in bytes, and how
+// many events were handled meanwhile.
+func burstMemory(b *testing.B, opts []Option) (peak, handled float64) {
+	b.StopTimer()
+	bd := setup(b, 1)
+	pad := strings.Repeat("x", 2000)
+	msgs := make([]kafka.Message, 10_000)
+	for i := range msgs {
+		ev := bd.event(b, "key-"+strconv.Itoa(i%64), i)
+		ev.Fields["pad"] = structpb.NewStringValue(pad)
+		msgs[i] = message(b, ev, nil)
+	}
+	bd.produce(b, msgs...)
+	msgs = nil
+	var count atomic.Int64
+	h := bind(bd.d, func(ctx context.Context, _ pgx.Tx, _ events.Meta, _ testEvent) error {
+		count.Add(1)
+		time.Sleep(time.Millisecond)
+		return nil
+	})
+	c := bd.newConsumer(b, "burst", h, append([]Option{WithMaxBatch(1)}, opts...)...)
+	live := func() float64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return float64(ms.HeapAlloc)
+	}
+	base := live()
+	b.StartTimer()
+	r := start(b, c)
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		peak = max(peak, live()-base)
+	}
+	b.StopTimer()
+	if err := r.stop(); err != nil {
+		b.Fatal(err)
+	}
+	return peak, float64(count.Load())
 }

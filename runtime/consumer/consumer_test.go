@@ -131,7 +131,7 @@ func TestRetriesThenDLQ(t *testing.T) {
 	c := b.newConsumer(t, "dlq", h, WithMaxAttempts(3), WithHooks(Hooks{
 		Retry:        func(events.Delivery, error, time.Duration) { retries.inc() },
 		DeadLettered: func(DeadLetter) { dead.Add(1) },
-		Lag:          func(string, int, int64) { lagCalls.inc() },
+		Lag:          func(string, int, int64, time.Duration) { lagCalls.inc() },
 	}))
 	r := start(t, c)
 	entries := b.dlqEntries(t, 4, 30*time.Second)

@@ -25,9 +25,14 @@ type Hooks struct {
 	// DeadLettered is the alert hook: it is called once a message was
 	// published to the DLQ topic and its offset committed.
 	DeadLettered func(dl DeadLetter)
-	// Lag is called after each fetch with the number of messages in the
-	// partition after the fetched one (high watermark - offset - 1).
-	Lag func(topic string, partition int, lag int64)
+	// Lag is called after each fetch with how far the partition's consumer
+	// is behind: messages, the number of messages in the partition after
+	// the fetched one (high watermark - offset - 1); age, how long ago the
+	// fetched message was appended (its timestamp), the age of the oldest
+	// message not yet handled. Once the partition's last known message is
+	// handled it is called with 0 and 0, so an idle partition does not keep
+	// reporting its last burst.
+	Lag func(topic string, partition int, messages int64, age time.Duration)
 }
 
 // DeadLetter describes one message the consumer gave up on.

@@ -75,6 +75,8 @@ type settings struct {
 	handlerGrace   time.Duration // how long a handler may run past its context's end before it is abandoned
 	maxBatch       int
 	retentionCheck RetentionCheck
+	queued         int // messages fetched ahead per partition
+	fetchMaxBytes  int // most bytes one fetch request asks for
 
 	// Test seams, unexported on purpose (fault points travel in Run's
 	// context instead: see runtime/faultinject).
@@ -110,6 +112,8 @@ func defaultSettings() settings {
 		drainTimeout:   DefaultDrainTimeout,
 		handlerGrace:   time.Second,
 		maxBatch:       DefaultMaxBatch,
+		queued:         DefaultQueuedMessages,
+		fetchMaxBytes:  DefaultFetchMaxBytes,
 	}
 }
 
@@ -457,6 +461,36 @@ func WithMaxBatch(n int) Option {
 			return
 		}
 		c.s.maxBatch = n
+	}
+}
+
+// Defaults of the fetch limits (WithFetchLimits).
+const (
+	// DefaultQueuedMessages is how many fetched messages a partition holds
+	// ahead of its handler.
+	DefaultQueuedMessages = 100
+	// DefaultFetchMaxBytes is the most bytes one fetch request asks the
+	// broker for (the broker still sends a larger single record batch).
+	DefaultFetchMaxBytes = 10 << 20
+)
+
+// WithFetchLimits bounds what each assigned partition fetches ahead of its
+// handler: at most queued messages (default DefaultQueuedMessages) waiting
+// in memory, and fetch requests of at most maxBytes (default
+// DefaultFetchMaxBytes). A handler slower than its input fills the queue
+// and the partition stops reading from the broker until the handler takes
+// the next message: the backlog waits on the broker (as lag), not in
+// memory. A consumer's memory for messages is about the assigned
+// partitions × queued × the message size, plus one record batch being
+// decoded per partition. The queue also feeds batches (WithMaxBatch): a
+// queue shorter than the batch size shortens the batches.
+func WithFetchLimits(queued, maxBytes int) Option {
+	return func(c *Consumer) {
+		if queued < 1 || maxBytes < 1 {
+			c.s.fail("WithFetchLimits: queued %d and maxBytes %d must be at least 1", queued, maxBytes)
+			return
+		}
+		c.s.queued, c.s.fetchMaxBytes = queued, maxBytes
 	}
 }
 

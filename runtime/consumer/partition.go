@@ -91,14 +91,15 @@ func (c *Consumer) runPartition(runCtx, gctx context.Context, gen *kafka.Generat
 		pending: -1, committed: -1, lastFlush: time.Now(),
 	}
 	r := kafka.NewReader(kafka.ReaderConfig{
-		Brokers:     c.brokers,
-		Topic:       topic,
-		Partition:   a.ID,
-		Dialer:      c.s.dialer,
-		MinBytes:    1,
-		MaxBytes:    10 << 20,
-		MaxWait:     c.s.maxWait,
-		ErrorLogger: kafka.LoggerFunc(func(msg string, args ...any) { p.log.Debug(fmt.Sprintf(msg, args...)) }),
+		Brokers:       c.brokers,
+		Topic:         topic,
+		Partition:     a.ID,
+		Dialer:        c.s.dialer,
+		MinBytes:      1,
+		MaxBytes:      c.s.fetchMaxBytes,
+		QueueCapacity: c.s.queued,
+		MaxWait:       c.s.maxWait,
+		ErrorLogger:   kafka.LoggerFunc(func(msg string, args ...any) { p.log.Debug(fmt.Sprintf(msg, args...)) }),
 	})
 	defer func() {
 		if err := r.Close(); err != nil {
@@ -172,13 +173,17 @@ func (p *partition) next(ctx context.Context, r *kafka.Reader) (kafka.Message, e
 
 func (p *partition) lag(m kafka.Message, err error) {
 	if err == nil && p.c.s.hooks.Lag != nil {
-		p.c.s.hooks.Lag(p.topic, p.id, max(m.HighWaterMark-m.Offset-1, 0))
+		p.c.s.hooks.Lag(p.topic, p.id, max(m.HighWaterMark-m.Offset-1, 0), max(time.Since(m.Time), 0))
 	}
 }
 
-// done marks m handled: its offset may now be committed.
+// done marks m handled: its offset may now be committed. Handling the
+// last message the partition was known to hold leaves nothing behind.
 func (p *partition) done(m kafka.Message) error {
 	p.pending = m.Offset + 1
+	if p.c.s.hooks.Lag != nil && m.HighWaterMark > 0 && m.Offset+1 >= m.HighWaterMark {
+		p.c.s.hooks.Lag(p.topic, p.id, 0, 0)
+	}
 	if p.c.s.commitInterval == 0 {
 		return p.flush()
 	}

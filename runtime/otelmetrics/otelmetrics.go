@@ -40,6 +40,7 @@ type Metrics struct {
 	deadLettered   metric.Int64Counter
 	processTime    metric.Float64Histogram
 	lag            metric.Int64Gauge
+	lagAge         metric.Float64Gauge
 }
 
 // New creates the instruments on a meter of mp. The names follow the
@@ -90,6 +91,9 @@ func New(mp metric.MeterProvider) (*Metrics, error) {
 	m.lag, err = mt.Int64Gauge("protoevents.consumer.lag", metric.WithUnit("{message}"),
 		metric.WithDescription("Messages in the partition after the last fetched one."))
 	collect(err)
+	m.lagAge, err = mt.Float64Gauge("protoevents.consumer.lag.age", metric.WithUnit("s"),
+		metric.WithDescription("Age of the oldest message of the partition not yet handled (0 once its last known message is handled)."))
+	collect(err)
 	if err := errors.Join(errs...); err != nil {
 		return nil, errors.New("otelmetrics: create instruments: " + err.Error())
 	}
@@ -139,8 +143,10 @@ func (m *Metrics) Consumer(name string, alert ...func(consumer.DeadLetter)) cons
 				}
 			}
 		},
-		Lag: func(t string, partition int, lag int64) {
-			m.lag.Record(ctx, lag, metric.WithAttributes(who, topic(t), attribute.String("messaging.destination.partition.id", strconv.Itoa(partition))))
+		Lag: func(t string, partition int, lag int64, age time.Duration) {
+			attrs := metric.WithAttributes(who, topic(t), attribute.String("messaging.destination.partition.id", strconv.Itoa(partition)))
+			m.lag.Record(ctx, lag, attrs)
+			m.lagAge.Record(ctx, age.Seconds(), attrs)
 		},
 	}
 }

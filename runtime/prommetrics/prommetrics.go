@@ -38,6 +38,7 @@ type Metrics struct {
 	deadLettered   *prometheus.CounterVec
 	handlerLatency *prometheus.HistogramVec
 	consumerLag    *prometheus.GaugeVec
+	consumerLagAge *prometheus.GaugeVec
 	walLagBytes    prometheus.Gauge
 	walBehind      prometheus.Gauge
 	walActive      prometheus.Gauge
@@ -97,6 +98,10 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 			Namespace: "protoevents", Subsystem: "consumer", Name: "lag_messages",
 			Help: "Messages in the partition after the last fetched one.",
 		}, []string{"consumer", "topic", "partition"}),
+		consumerLagAge: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Namespace: "protoevents", Subsystem: "consumer", Name: "lag_seconds",
+			Help: "Age of the oldest message of the partition not yet handled (0 once its last known message is handled); alert when it exceeds what the consumers' users can wait.",
+		}, []string{"consumer", "topic", "partition"}),
 		walLagBytes: prometheus.NewGauge(prometheus.GaugeOpts{
 			Namespace: "protoevents", Subsystem: "walrelay", Name: "slot_lag_bytes",
 			Help: "WAL the WAL relay's replication slot retains (written since its confirmed position); alert well below max_slot_wal_keep_size.",
@@ -112,7 +117,7 @@ func New(reg prometheus.Registerer) (*Metrics, error) {
 	}
 	for _, c := range []prometheus.Collector{
 		m.relayBatches, m.relayPublished, m.relayErrors, m.outboxPending, m.outboxOldest, m.relayLanes,
-		m.consumed, m.duplicates, m.retries, m.deadLettered, m.handlerLatency, m.consumerLag,
+		m.consumed, m.duplicates, m.retries, m.deadLettered, m.handlerLatency, m.consumerLag, m.consumerLagAge,
 		m.walLagBytes, m.walBehind, m.walActive,
 	} {
 		if err := reg.Register(c); err != nil {
@@ -179,8 +184,10 @@ func (m *Metrics) Consumer(name string, alert ...func(consumer.DeadLetter)) cons
 				}
 			}
 		},
-		Lag: func(topic string, partition int, lag int64) {
-			m.consumerLag.WithLabelValues(name, topic, strconv.Itoa(partition)).Set(float64(lag))
+		Lag: func(topic string, partition int, lag int64, age time.Duration) {
+			p := strconv.Itoa(partition)
+			m.consumerLag.WithLabelValues(name, topic, p).Set(float64(lag))
+			m.consumerLagAge.WithLabelValues(name, topic, p).Set(age.Seconds())
 		},
 	}
 }

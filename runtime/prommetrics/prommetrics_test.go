@@ -38,9 +38,9 @@ func TestHooksFeedCollectors(t *testing.T) {
 	c.Duplicate(d, "shop.orders.v1.OrderPlaced")
 	c.Retry(d, errors.New("boom"), time.Second)
 	c.DeadLettered(consumer.DeadLetter{Consumer: "shipping", Original: d})
-	c.Lag(d.Topic, 2, 17)
+	c.Lag(d.Topic, 2, 17, 1500*time.Millisecond)
 	other.Processed(d, "shop.orders.v1.OrderPlaced", time.Millisecond)
-	other.Lag(d.Topic, 2, 3)
+	other.Lag(d.Topic, 2, 3, 0)
 
 	checks := []struct {
 		name string
@@ -58,6 +58,7 @@ func TestHooksFeedCollectors(t *testing.T) {
 		{"retries", testutil.ToFloat64(m.retries.WithLabelValues("shipping", d.Topic)), 1},
 		{"dead lettered", testutil.ToFloat64(m.deadLettered.WithLabelValues(d.Topic, "shipping")), 1},
 		{"lag", testutil.ToFloat64(m.consumerLag.WithLabelValues("shipping", d.Topic, "2")), 17},
+		{"lag seconds", testutil.ToFloat64(m.consumerLagAge.WithLabelValues("shipping", d.Topic, "2")), 1.5},
 		{"lag of another consumer", testutil.ToFloat64(m.consumerLag.WithLabelValues("billing", d.Topic, "2")), 3},
 	}
 	for _, c := range checks {
