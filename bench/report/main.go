@@ -61,6 +61,16 @@ var ratios = []ratio{
 		Explain: "bytes per Kafka record (key + value + headers) of the demo's OrderPlaced: payload-only value over the envelope"},
 	{Name: "record size, CloudEvents binary Protobuf / Protobuf envelope", Pkg: "./runtime/envelope", Num: "BenchmarkWireSize/ce-proto", Den: "BenchmarkWireSize/proto", Metric: "bytes/record",
 		Explain: "bytes per Kafka record of the same event, binary Protobuf payload alone over the Protobuf envelope"},
+	{Name: "producer backpressure, under the bound / no policy", Pkg: "./runtime/outbox", Num: "BenchmarkBacklog/under-bound", Den: "BenchmarkBacklog/no-policy", Metric: "ns/op", Target: 1.1,
+		Explain: "time per one-event transaction with a WithBacklogPolicy bound the backlog never reaches (sampled once a second) over the Writer without one"},
+	{Name: "producer backpressure, refused at the bound / a write", Pkg: "./runtime/outbox", Num: "BenchmarkBacklog/at-bound", Den: "BenchmarkBacklog/no-policy", Metric: "ns/op", Target: 1,
+		Explain: "time per transaction refused with a *BacklogError (the backlog over the bound: fail fast) over a transaction that writes"},
+	{Name: "producer backpressure, refused at the bound, p99 / a write's p99", Pkg: "./runtime/outbox", Num: "BenchmarkBacklog/at-bound", Den: "BenchmarkBacklog/no-policy", Metric: "p99-µs",
+		Explain: "99th percentile latency of a refused transaction over that of a write (context)"},
+	{Name: "producer backpressure, share of writes refused at the bound / 100%", Pkg: "./runtime/outbox", Num: "BenchmarkBacklog/at-bound", DenConst: 100, Metric: "refused-%", Target: 1, AtLeast: true,
+		Explain: "every write over the bound is refused, none slips through on a stale sample"},
+	{Name: "consumer memory under a 10x burst, bounded / unbounded", Pkg: "./runtime/consumer", Num: "BenchmarkBurstMemory/bounded", Den: "BenchmarkBurstMemory/unbounded", Metric: "peak-rss-MB", Target: 0.25,
+		Explain: "peak resident memory of a consumer process over a 20 MB burst its handler takes ten seconds to work through: default WithFetchLimits over the limits lifted"},
 }
 
 // watermillDir is the module of the side-by-side comparison with

@@ -20,6 +20,11 @@ BenchmarkWireSize/json-2         	     100	     20702 ns/op	       750.0 bytes/r
 BenchmarkWireSize/proto-2        	     100	     10695 ns/op	       507.0 bytes/record	       203.0 value-bytes/record
 BenchmarkWireSize/ce-json-2      	     100	      7028 ns/op	       454.0 bytes/record	       179.0 value-bytes/record
 BenchmarkWireSize/ce-proto-2     	     100	      2760 ns/op	       335.0 bytes/record	        56.00 value-bytes/record
+BenchmarkBacklog/no-policy-2         	    2494	    491679 ns/op	       399.0 p50-µs	      2431 p99-µs	         0 refused-%
+BenchmarkBacklog/under-bound-2       	    2389	    538722 ns/op	       449.0 p50-µs	      2152 p99-µs	         0 refused-%
+BenchmarkBacklog/at-bound-2          	   10686	     95783 ns/op	        86.00 p50-µs	       244.0 p99-µs	       100.0 refused-%
+BenchmarkBurstMemory/bounded-2         	       1	2053624839 ns/op	       868.0 handled	         8.691 peak-rss-MB
+BenchmarkBurstMemory/unbounded-2       	       1	2071553324 ns/op	       319.0 handled	       217.5 peak-rss-MB
 PASS
 `
 

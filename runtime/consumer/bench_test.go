@@ -1,8 +1,14 @@
 package consumer
 
 import (
+	"bytes"
 	"context"
-	"runtime"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,6 +20,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/runtime/events"
 )
 
@@ -79,13 +86,14 @@ func BenchmarkConsumer(b *testing.B) {
 	}
 }
 
-// BenchmarkBurstMemory measures the live heap of a consumer whose handler
-// is ten times slower than its input: a burst of 10,000 events of 2 KB
-// (20 MB) is on the topic when the consumer starts, and the handler takes
-// a millisecond an event, so the burst is about ten seconds of work. For
-// two seconds the heap is sampled every 50 ms after a forced collection
-// (the live heap, not garbage waiting for the collector) and its peak
-// over the heap before the consumer started is reported:
+// BenchmarkBurstMemory measures the resident memory of a consumer whose
+// handler is ten times slower than its input: a burst of 10,000 events of
+// 2 KB (20 MB) is on the topic when the consumer starts, and the handler
+// takes a millisecond an event, so the burst is about ten seconds of work.
+// The consumer runs in a child process (the broker stays in this one, so
+// its buffers are not counted), which samples its resident set every
+// 20 ms for two seconds and reports the peak over its size before the
+// consumer started:
 //
 //   - bounded: the default fetch limits (WithFetchLimits: 100 messages
 //     queued per partition), so the partition pauses fetching;
@@ -93,28 +101,36 @@ func BenchmarkConsumer(b *testing.B) {
 //     so the partition reads the whole burst into memory.
 func BenchmarkBurstMemory(b *testing.B) {
 	for _, bc := range []struct {
-		name string
-		opts []Option
+		name           string
+		queued, maxMiB int
 	}{
-		{"bounded", nil},
-		{"unbounded", []Option{WithFetchLimits(1_000_000, 64<<20)}},
+		{"bounded", DefaultQueuedMessages, DefaultFetchMaxBytes >> 20},
+		{"unbounded", 1_000_000, 64},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			var peak, handled float64
 			for range b.N {
-				p, n := burstMemory(b, bc.opts)
+				p, n := burstMemory(b, bc.queued, bc.maxMiB<<20)
 				peak, handled = max(peak, p), handled+n
 			}
-			b.ReportMetric(peak/(1<<20), "peak-heap-MB")
+			b.ReportMetric(peak/(1<<20), "peak-rss-MB")
 			b.ReportMetric(handled/float64(b.N), "handled")
 		})
 	}
 }
 
-// burstMemory runs one burst (BenchmarkBurstMemory) and returns the peak
-// live heap over the heap before the consumer started, in bytes, and how
-// many events were handled meanwhile.
-func burstMemory(b *testing.B, opts []Option) (peak, handled float64) {
+// Environment of the burst child (BenchmarkBurstMemory); it shares the
+// crash test's database, broker and topic variables.
+const (
+	envBurstChild  = "PROTOEVENTS_CONSUMER_BURST_CHILD"
+	envBurstQueued = "PROTOEVENTS_CONSUMER_BURST_QUEUED"
+	envBurstBytes  = "PROTOEVENTS_CONSUMER_BURST_BYTES"
+)
+
+// burstMemory runs one burst (BenchmarkBurstMemory) and returns the
+// child's peak resident memory over its size before it consumed, in bytes,
+// and how many events it handled meanwhile.
+func burstMemory(b *testing.B, queued, maxBytes int) (peak, handled float64) {
 	b.StopTimer()
 	bd := setup(b, 1)
 	pad := strings.Repeat("x", 2000)
@@ -125,29 +141,82 @@ func burstMemory(b *testing.B, opts []Option) (peak, handled float64) {
 		msgs[i] = message(b, ev, nil)
 	}
 	bd.produce(b, msgs...)
-	msgs = nil
+	cmd := exec.Command(os.Args[0], "-test.run=^TestBurstChild$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(),
+		envBurstChild+"=1",
+		envBurstQueued+"="+strconv.Itoa(queued),
+		envBurstBytes+"="+strconv.Itoa(maxBytes),
+		envChildDB+"="+servers.ServerURL(b),
+		envChildSchema+"="+bd.schema,
+		envChildBrokers+"="+strings.Join(bd.kafka.Brokers, ","),
+		envChildTopic+"="+bd.topic,
+	)
+	var errs bytes.Buffer
+	cmd.Stderr = &errs
+	b.StartTimer()
+	out, err := cmd.Output()
+	b.StopTimer()
+	if err != nil {
+		b.Fatalf("burst child: %v\n%s%s", err, out, errs.String())
+	}
+	if _, err := fmt.Sscanf(burstLine.FindString(string(out)), "burst: peak-rss %g handled %g", &peak, &handled); err != nil {
+		b.Fatalf("burst child printed no result (%v):\n%s%s", err, out, errs.String())
+	}
+	return peak, handled
+}
+
+var burstLine = regexp.MustCompile(`burst: peak-rss \S+ handled \S+`)
+
+// TestBurstChild is the consumer process of BenchmarkBurstMemory.
+func TestBurstChild(t *testing.T) {
+	if os.Getenv(envBurstChild) != "1" {
+		t.Skip("child process of BenchmarkBurstMemory")
+	}
+	queued, err1 := strconv.Atoi(os.Getenv(envBurstQueued))
+	maxBytes, err2 := strconv.Atoi(os.Getenv(envBurstBytes))
+	if err := errors.Join(err1, err2); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	b := childBundle(t, ctx)
 	var count atomic.Int64
-	h := bind(bd.d, func(ctx context.Context, _ pgx.Tx, _ events.Meta, _ testEvent) error {
+	h := bind(b.d, func(context.Context, pgx.Tx, events.Meta, testEvent) error {
 		count.Add(1)
 		time.Sleep(time.Millisecond)
 		return nil
 	})
-	c := bd.newConsumer(b, "burst", h, append([]Option{WithMaxBatch(1)}, opts...)...)
-	live := func() float64 {
-		runtime.GC()
-		var ms runtime.MemStats
-		runtime.ReadMemStats(&ms)
-		return float64(ms.HeapAlloc)
+	c := b.newConsumer(t, "burst", h, WithMaxBatch(1), WithFetchLimits(queued, maxBytes), WithLogger(slog.New(slog.DiscardHandler)))
+	base := residentBytes(t)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var peak int64
+	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		peak = max(peak, residentBytes(t)-base)
 	}
-	base := live()
-	b.StartTimer()
-	r := start(b, c)
-	for end := time.Now().Add(2 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
-		peak = max(peak, live()-base)
+	n := count.Load()
+	cancel()
+	if err := <-done; err != nil {
+		t.Fatal(err)
 	}
-	b.StopTimer()
-	if err := r.stop(); err != nil {
-		b.Fatal(err)
+	fmt.Printf("burst: peak-rss %d handled %d\n", peak, n)
+}
+
+// residentBytes is the process's resident set (VmRSS).
+func residentBytes(t *testing.T) int64 {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		t.Fatal(err)
 	}
-	return peak, float64(count.Load())
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return kb << 10
+		}
+	}
+	t.Fatal("no VmRSS in /proc/self/status")
+	return 0
 }

@@ -2,7 +2,9 @@ package outbox
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -190,4 +192,62 @@ func copyFromBatch(ctx context.Context, w *Writer, tx pgx.Tx, evs []events.Event
 	}
 	_, err := tx.CopyFrom(ctx, pgx.Identifier{"outbox"}, []string{"event_id", "event_type", "topic", "key", "value", "headers"}, pgx.CopyFromRows(rows))
 	return err
+}
+
+// BenchmarkBacklog measures what a producer sees of WithBacklogPolicy,
+// each op one transaction that writes one event (pgx.BeginFunc) on an
+// outbox no relay drains (as with the brokers cut):
+//
+//   - no-policy: the Writer without a policy;
+//   - under-bound: a bound the backlog never reaches (the sample, once a
+//     second, counts every pending row);
+//   - at-bound: the backlog already over a bound of 100 rows, so every
+//     write is refused with a *BacklogError, fail fast.
+//
+// Besides ns/op it reports the median and 99th percentile latency of one
+// transaction and the share of writes refused.
+func BenchmarkBacklog(b *testing.B) {
+	for _, bc := range []struct {
+		name   string
+		policy *BacklogPolicy
+	}{
+		{"no-policy", nil},
+		{"under-bound", &BacklogPolicy{Table: BacklogBound{MaxPending: 1 << 40}}},
+		{"at-bound", &BacklogPolicy{Table: BacklogBound{MaxPending: 100}}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			ctx := context.Background()
+			bb := setup(b, true, 1)
+			w := bb.writer
+			if bc.policy != nil {
+				var err error
+				if w, err = NewWriter(WithBacklogPolicy(*bc.policy)); err != nil {
+					b.Fatal(err)
+				}
+			}
+			prefill(b, bb, 200)
+			took := make([]time.Duration, 0, b.N)
+			refused := 0
+			b.ResetTimer()
+			for i := range b.N {
+				start := time.Now()
+				err := pgx.BeginFunc(ctx, bb.pool, func(tx pgx.Tx) error {
+					_, err := w.Write(ctx, tx, newEvent(bb.d, fmt.Sprintf("k%d", i%100), i))
+					return err
+				})
+				took = append(took, time.Since(start))
+				switch {
+				case errors.Is(err, ErrBacklog):
+					refused++
+				case err != nil:
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			slices.Sort(took)
+			b.ReportMetric(float64(took[len(took)/2].Microseconds()), "p50-µs")
+			b.ReportMetric(float64(took[min(len(took)-1, len(took)*99/100)].Microseconds()), "p99-µs")
+			b.ReportMetric(100*float64(refused)/float64(b.N), "refused-%")
+		})
+	}
 }
