@@ -32,11 +32,23 @@ func Example() {
 	}
 	c, err := consumer.New(pool, []string{"localhost:9092"}, "shipping",
 		consumer.WithMaxAttempts(8),
+		// Dedup rows outlive the topics' 7 days of retention plus a segment:
+		// Run refuses to start if a topic keeps messages longer.
 		consumer.WithPruning(time.Hour, 14*24*time.Hour),
-		consumer.WithHooks(consumer.Hooks{DeadLettered: func(dl consumer.DeadLetter) {
-			log.Printf("ALERT: %s gave up on %s at %s/%d/%d: %v", dl.Consumer, dl.EventID,
-				dl.Original.Topic, dl.Original.Partition, dl.Original.Offset, dl.Err)
-		}}))
+		// At most 50 fetched messages wait per partition: a slow handler
+		// pauses fetching rather than growing memory.
+		consumer.WithFetchLimits(50, 4<<20),
+		consumer.WithHooks(consumer.Hooks{
+			DeadLettered: func(dl consumer.DeadLetter) {
+				log.Printf("ALERT: %s gave up on %s at %s/%d/%d: %v", dl.Consumer, dl.EventID,
+					dl.Original.Topic, dl.Original.Partition, dl.Original.Offset, dl.Err)
+			},
+			Lag: func(topic string, partition int, messages int64, age time.Duration) {
+				if age > time.Minute {
+					log.Printf("WARN: %s/%d is %d messages, %s behind", topic, partition, messages, age)
+				}
+			},
+		}))
 	if err != nil {
 		log.Fatal(err)
 	}

@@ -2,9 +2,11 @@ package outbox_test
 
 import (
 	"context"
+	"errors"
 	"log"
 	"os"
 	"os/signal"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -117,6 +119,42 @@ func ExampleSQLTx() {
 		log.Fatal(err)
 	}
 	if err := tx.Commit(); err != nil {
+		log.Fatal(err)
+	}
+}
+
+// A Writer with a backlog bound refuses new events while the relay cannot
+// publish (Kafka down) for long enough that 100,000 rows wait or one has
+// waited ten minutes; the service answers "try later" instead of letting
+// the outbox grow without limit. Analytics events are refused sooner, so
+// they shed first.
+func ExampleWithBacklogPolicy() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	w, err := outbox.NewWriter(outbox.WithBacklogPolicy(outbox.BacklogPolicy{
+		Table:  outbox.BacklogBound{MaxPending: 100_000, MaxAge: 10 * time.Minute},
+		Topics: map[string]outbox.BacklogBound{"analytics.page-viewed.v1": {MaxPending: 10_000}},
+	}))
+	if err != nil {
+		log.Fatal(err)
+	}
+	var placed events.Event // a generated event message
+	err = pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+		_, err := w.Write(ctx, tx, placed)
+		return err
+	})
+	var backlog *outbox.BacklogError
+	if errors.As(err, &backlog) {
+		// Nothing was written; what was written before is still published
+		// once the relay catches up. Tell the caller to retry (HTTP 503).
+		log.Printf("refused: %d rows pending, the oldest %s old", backlog.Pending, backlog.OldestPending)
+		return
+	}
+	if err != nil {
 		log.Fatal(err)
 	}
 }
