@@ -165,14 +165,13 @@ type backlogGauge struct {
 
 // backlogGuard applies a Writer's BacklogPolicy.
 type backlogGuard struct {
-	table      string // as the Writer names it, for errors
-	tableSQL   string // counts the table's pending rows ($1: LIMIT)
-	topicSQL   string // counts one topic's ($1: LIMIT, $2: topic)
-	wait       time.Duration
-	sample     time.Duration
-	all        *backlogGauge            // nil without a table bound
-	topics     map[string]*backlogGauge // per topic bounds
-	sleepUntil func(ctx context.Context, d time.Duration) error
+	table    string // as the Writer names it, for errors
+	tableSQL string // counts the table's pending rows ($1: LIMIT)
+	topicSQL string // counts one topic's ($1: LIMIT, $2: topic)
+	wait     time.Duration
+	sample   time.Duration
+	all      *backlogGauge            // nil without a table bound
+	topics   map[string]*backlogGauge // per topic bounds
 }
 
 func newBacklogGuard(t tableName, p *BacklogPolicy) (*backlogGuard, error) {
@@ -185,7 +184,7 @@ func newBacklogGuard(t tableName, p *BacklogPolicy) (*backlogGuard, error) {
 	if err := p.Table.check("the table"); err != nil {
 		return nil, err
 	}
-	g := &backlogGuard{table: t.String(), wait: p.Wait, sample: p.Sample, topics: map[string]*backlogGauge{}, sleepUntil: sleepCtx}
+	g := &backlogGuard{table: t.String(), wait: p.Wait, sample: p.Sample, topics: map[string]*backlogGauge{}}
 	if g.sample == 0 {
 		g.sample = DefaultBacklogSample
 	}
@@ -209,17 +208,6 @@ func newBacklogGuard(t tableName, p *BacklogPolicy) (*backlogGuard, error) {
 		return nil, errors.New("outbox: WithBacklogPolicy: no bound set: give Table or Topics a MaxPending or a MaxAge")
 	}
 	return g, nil
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }
 
 // admit returns nil when rows of these topics may be written now, or a
@@ -263,7 +251,7 @@ func (g *backlogGuard) admit(ctx context.Context, q querier, rows []row) error {
 		if left <= 0 {
 			return refuse(broken, s)
 		}
-		if err := g.sleepUntil(ctx, min(left, g.sample)); err != nil {
+		if sleep(ctx, min(left, g.sample)); ctx.Err() != nil {
 			return refuse(broken, s)
 		}
 		// Read the broken gauge afresh: this write is the one waiting.
