@@ -147,7 +147,9 @@ type backlogSample struct {
 	oldest  time.Duration // at the time of the reading
 }
 
-// age is the sample's oldest row age now: it grows while nothing drains.
+// aged is the sample with its oldest row aged to now: the age grows while
+// nothing drains (at most one sample interval, after which a write reads
+// the backlog again).
 func (s backlogSample) aged(now time.Time) backlogSample {
 	if s.pending > 0 {
 		s.oldest += now.Sub(s.at)
