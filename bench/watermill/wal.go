@@ -140,21 +140,30 @@ func walDrainRound(ctx context.Context, e *env, c config, res results, walFirst 
 		return err
 	}
 	defer ws.drop()
-	// A second slot, made before the events are written, for the raw
-	// decoding of the same WAL.
-	rawSlot := ws.slot + "_raw"
-	if err := walrelay.Setup(ctx, ws.pool, walrelay.WithSlot(rawSlot)); err != nil {
-		return err
-	}
-	defer func() { _ = walrelay.Drop(context.Background(), ws.pool, walrelay.WithSlot(rawSlot)) }()
 	tableTopic, walTopic := "wal-drain-table-"+suffix(), "wal-drain-wal-"+suffix()
 	if err := createTopics(ctx, e.brokers, tableTopic, walTopic); err != nil {
+		return err
+	}
+	// The slots start after the table's prefill: the polling relay's rows
+	// are in the same WAL, and a slot made before them would decode their
+	// 20,000 inserts before its first message, charging the WAL relay (from
+	// its start) with work raw decoding (from its first record) leaves out.
+	if err := walrelay.Drop(ctx, ws.pool, walrelay.WithSlot(ws.slot)); err != nil {
 		return err
 	}
 	o := &ours{s: ws.schema, w: ws.table}
 	if err := o.prefill(ctx, descriptorFor(tableTopic), c.events); err != nil {
 		return err
 	}
+	// A second slot, made with the first, before the events are written,
+	// for the raw decoding of the same WAL.
+	rawSlot := ws.slot + "_raw"
+	for _, slot := range []string{ws.slot, rawSlot} {
+		if err := walrelay.Setup(ctx, ws.pool, walrelay.WithSlot(slot)); err != nil {
+			return err
+		}
+	}
+	defer func() { _ = walrelay.Drop(context.Background(), ws.pool, walrelay.WithSlot(rawSlot)) }()
 	if err := (&ours{s: ws.schema, w: ws.wal}).prefill(ctx, descriptorFor(walTopic), c.events); err != nil {
 		return err
 	}

@@ -68,15 +68,15 @@ func pluginArgs(publication string) []string {
 
 // run reads until ctx is done or the connection fails.
 func (s *stream) run(ctx context.Context) error {
+	var rd readDeadline
+	defer rd.stop()
 	for {
 		if !time.Now().Before(s.nextStatus) {
 			if err := s.status(ctx); err != nil {
 				return err
 			}
 		}
-		rctx, cancel := context.WithDeadline(ctx, s.nextStatus)
-		raw, err := s.conn.ReceiveMessage(rctx)
-		cancel()
+		raw, err := s.conn.ReceiveMessage(rd.until(ctx, s.nextStatus))
 		if err != nil {
 			if ctx.Err() != nil {
 				return ctx.Err()
@@ -94,6 +94,32 @@ func (s *stream) run(ctx context.Context) error {
 				return err
 			}
 		}
+	}
+}
+
+// readDeadline is one read context per status deadline, not one per
+// message: a context with a deadline is a timer and an allocation, and a
+// busy slot sends tens of thousands of messages a second.
+type readDeadline struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	end    time.Time
+}
+
+// until returns a context of parent that ends at end, reusing the last one
+// while end is the same.
+func (r *readDeadline) until(parent context.Context, end time.Time) context.Context {
+	if r.ctx == nil || !r.end.Equal(end) {
+		r.stop()
+		r.ctx, r.cancel = context.WithDeadline(parent, end)
+		r.end = end
+	}
+	return r.ctx
+}
+
+func (r *readDeadline) stop() {
+	if r.cancel != nil {
+		r.cancel()
 	}
 }
 
@@ -215,6 +241,11 @@ func (s *stream) hand(ctx context.Context, t *txn) error {
 
 // send queues p on lane l.
 func (s *stream) send(ctx context.Context, l int, p part) error {
+	select {
+	case s.lanes[l] <- p: // the lane has room: no timer needed
+		return nil
+	default:
+	}
 	for {
 		wait := time.NewTimer(time.Until(s.nextStatus))
 		select {
