@@ -208,7 +208,9 @@ func (r *Relay) session(ctx context.Context, tr *kafka.Transport, points faults.
 	grace.Stop()
 	fctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	_ = s.status(fctx)
+	if serr := s.status(fctx); serr == nil {
+		s.end(fctx)
+	}
 	if ctx.Err() != nil {
 		return nil
 	}

@@ -263,6 +263,24 @@ func (s *stream) send(ctx context.Context, l int, p part) error {
 	}
 }
 
+// end closes the stream the way the protocol does (CopyDone, then the
+// server's own), which makes the server read the last status update
+// before the connection closes. Closing at once would lose it when the
+// server is still sending: a socket closed with unread data is reset, and
+// the reset discards what the server had received but not yet read, so a
+// graceful stop would re-send everything since the last periodic update.
+// What arrives meanwhile is discarded: it is past the confirmed position.
+func (s *stream) end(ctx context.Context) {
+	if dl, ok := ctx.Deadline(); ok {
+		// SendStandbyCopyDone reads without a context.
+		_ = s.conn.Conn().SetDeadline(dl)
+		defer func() { _ = s.conn.Conn().SetDeadline(time.Time{}) }()
+	}
+	if _, err := pglogrepl.SendStandbyCopyDone(ctx, s.conn); err != nil {
+		s.cfg.log.Debug("walrelay: end the stream", "err", err)
+	}
+}
+
 // status confirms the watermark to the server.
 func (s *stream) status(ctx context.Context) error {
 	pos := s.wm.confirm()
