@@ -5,9 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -23,11 +23,14 @@ import (
 // how many there are and how old the oldest is; a zero field sets no
 // bound of its kind.
 type BacklogBound struct {
-	// MaxPending is the most pending rows allowed. A sample counts at most
-	// MaxPending+1 rows, so its cost is bounded by the bound.
+	// MaxPending is the most pending rows before writes are refused; it is
+	// required, and it bounds a reading's cost: a reading reads at most
+	// MaxPending+1 pending rows (then the bound is broken whatever their
+	// age). It is a threshold, not an exact quota: writes admitted on the
+	// same reading, and rows not yet committed, can pass it.
 	MaxPending int64
 	// MaxAge is the oldest a pending row may be (its created_at: the start
-	// of the transaction that wrote it).
+	// of the transaction that wrote it); 0 sets no bound on age.
 	MaxAge time.Duration
 }
 
@@ -36,6 +39,18 @@ func (b BacklogBound) zero() bool { return b.MaxPending == 0 && b.MaxAge == 0 }
 func (b BacklogBound) check(what string) error {
 	if b.MaxPending < 0 || b.MaxAge < 0 {
 		return fmt.Errorf("outbox: backlog bound for %s: MaxPending %d and MaxAge %v must not be negative", what, b.MaxPending, b.MaxAge)
+	}
+	return nil
+}
+
+// checkWriter also requires MaxPending of a Writer's bound: it caps what a
+// reading in the caller's transaction reads.
+func (b BacklogBound) checkWriter(what string) error {
+	if err := b.check(what); err != nil {
+		return err
+	}
+	if !b.zero() && b.MaxPending == 0 {
+		return fmt.Errorf("outbox: backlog bound for %s: MaxAge %v without MaxPending: set MaxPending too (a reading reads at most MaxPending+1 pending rows, in the caller's transaction)", what, b.MaxAge)
 	}
 	return nil
 }
@@ -76,7 +91,9 @@ type BacklogPolicy struct {
 	// below it, sampling it again every Sample, before it fails; 0 fails at
 	// once. The wait keeps the caller's transaction open: fail fast on
 	// request paths, wait in batch jobs. Publish's context bounds the wait
-	// too.
+	// too. Only a READ COMMITTED transaction waits (the default): under
+	// REPEATABLE READ or SERIALIZABLE every reading sees the transaction's
+	// snapshot, which no relay can drain, so such a write fails at once.
 	Wait time.Duration
 	// Sample is how stale the Writer's view of the backlog may be
 	// (default DefaultBacklogSample): one write in each interval reads the
@@ -145,6 +162,10 @@ type backlogSample struct {
 	at      time.Time
 	pending int64
 	oldest  time.Duration // at the time of the reading
+	// readCommitted: the transaction that took the reading reads at READ
+	// COMMITTED (a later reading in it sees newer commits). It describes
+	// that transaction only: admit asks its caller's own before waiting.
+	readCommitted bool
 }
 
 // aged is the sample with its oldest row aged to now: the age grows while
@@ -162,7 +183,13 @@ type backlogGauge struct {
 	topic string // "" for the table
 	bound BacklogBound
 	last  atomic.Pointer[backlogSample]
-	mu    sync.Mutex // held by the one write that samples
+	// reading is held (a one-slot semaphore) by the one write reading
+	// the backlog; a write waiting for it gives up when its context ends.
+	reading chan struct{}
+}
+
+func newGauge(topic string, b BacklogBound) *backlogGauge {
+	return &backlogGauge{topic: topic, bound: b, reading: make(chan struct{}, 1)}
 }
 
 // backlogGuard applies a Writer's BacklogPolicy.
@@ -183,7 +210,7 @@ func newBacklogGuard(t tableName, p *BacklogPolicy) (*backlogGuard, error) {
 	if p.Wait < 0 || p.Sample < 0 {
 		return nil, fmt.Errorf("outbox: WithBacklogPolicy: Wait %v and Sample %v must not be negative", p.Wait, p.Sample)
 	}
-	if err := p.Table.check("the table"); err != nil {
+	if err := p.Table.checkWriter("the table"); err != nil {
 		return nil, err
 	}
 	g := &backlogGuard{table: t.String(), wait: p.Wait, sample: p.Sample, topics: map[string]*backlogGauge{}}
@@ -192,22 +219,22 @@ func newBacklogGuard(t tableName, p *BacklogPolicy) (*backlogGuard, error) {
 	}
 	g.tableSQL, g.topicSQL = backlogQueries(t.sanitized())
 	if !p.Table.zero() {
-		g.all = &backlogGauge{bound: p.Table}
+		g.all = newGauge("", p.Table)
 	}
 	for _, topic := range slices.Sorted(maps.Keys(p.Topics)) {
 		b := p.Topics[topic]
 		if topic == "" {
 			return nil, errors.New("outbox: WithBacklogPolicy: empty topic name in Topics (bound the whole table with Table)")
 		}
-		if err := b.check(fmt.Sprintf("topic %q", topic)); err != nil {
+		if err := b.checkWriter(fmt.Sprintf("topic %q", topic)); err != nil {
 			return nil, err
 		}
 		if !b.zero() {
-			g.topics[topic] = &backlogGauge{topic: topic, bound: b}
+			g.topics[topic] = newGauge(topic, b)
 		}
 	}
 	if g.all == nil && len(g.topics) == 0 {
-		return nil, errors.New("outbox: WithBacklogPolicy: no bound set: give Table or Topics a MaxPending or a MaxAge")
+		return nil, errors.New("outbox: WithBacklogPolicy: no bound set: give Table or Topics a MaxPending (and, if you like, a MaxAge)")
 	}
 	return g, nil
 }
@@ -230,12 +257,21 @@ func (g *backlogGuard) admit(ctx context.Context, q querier, rows []row) error {
 		}
 		return e
 	}
+	since := start.Add(-g.sample) // a reading newer than this will do
+	var waitedOn *backlogGauge    // the bound broken before the last sleep
+	var waitedS backlogSample
+	// Whether the caller's transaction reads at READ COMMITTED, learnt by a
+	// reading of its own before the first wait.
+	var isolationKnown, readCommitted bool
 	for {
 		var broken *backlogGauge
 		var s backlogSample
 		for _, gg := range gauges {
 			var err error
-			if s, err = g.read(ctx, q, gg, false); err != nil {
+			if s, err = g.read(ctx, q, gg, since); err != nil {
+				if waitedOn != nil && ctx.Err() != nil {
+					return refuse(waitedOn, waitedS) // the wait ended during a reading
+				}
 				return err
 			}
 			if gg.bound.over(s) {
@@ -253,15 +289,29 @@ func (g *backlogGuard) admit(ctx context.Context, q querier, rows []row) error {
 		if left <= 0 {
 			return refuse(broken, s)
 		}
-		if sleep(ctx, min(left, g.sample)); ctx.Err() != nil {
+		if !isolationKnown {
+			// Under REPEATABLE READ or SERIALIZABLE every reading sees the
+			// transaction's snapshot: waiting could not see the backlog
+			// fall. A reading of this transaction's own says which.
+			own, err := g.query(ctx, q, broken)
+			if err != nil {
+				return err
+			}
+			broken.last.Store(&own)
+			isolationKnown, readCommitted = true, own.readCommitted
+			if !broken.bound.over(own) {
+				continue
+			}
+			s = own
+		}
+		if !readCommitted {
 			return refuse(broken, s)
 		}
-		// Read the broken gauge afresh: this write is the one waiting.
-		if _, err := g.read(ctx, q, broken, true); err != nil {
-			if ctx.Err() != nil {
-				return refuse(broken, s) // the wait ended during the reading
-			}
-			return err
+		// The next round wants a reading taken after this sleep began,
+		// by this write or by any other.
+		since, waitedOn, waitedS = time.Now(), broken, s
+		if sleep(ctx, min(left, g.sample)); ctx.Err() != nil {
+			return refuse(broken, s)
 		}
 	}
 }
@@ -284,49 +334,52 @@ func (g *backlogGuard) gaugesFor(rows []row) []*backlogGauge {
 	return gs
 }
 
-// read returns the gauge's sample, reading it through q when the last one
-// is older than the sample interval (or fresh is set) and no other write
-// is reading it; another write's reading in progress is waited for only
-// when there is no earlier one.
-func (g *backlogGuard) read(ctx context.Context, q querier, gg *backlogGauge, fresh bool) (backlogSample, error) {
-	now := time.Now()
-	last := gg.last.Load()
-	if last != nil && !fresh && now.Sub(last.at) < g.sample {
-		return last.aged(now), nil
-	}
-	if last != nil && !fresh {
-		if !gg.mu.TryLock() {
-			return last.aged(now), nil // another write is reading it
+// read returns the gauge's latest reading if it was taken after since,
+// and otherwise reads the backlog through q — unless another write is
+// reading it, whose reading it then waits for (or, when the latest reading
+// is still within the sample interval, uses that one).
+func (g *backlogGuard) read(ctx context.Context, q querier, gg *backlogGauge, since time.Time) (backlogSample, error) {
+	for {
+		now := time.Now()
+		last := gg.last.Load()
+		if last != nil && last.at.After(since) {
+			return last.aged(now), nil
 		}
-	} else {
-		gg.mu.Lock()
+		select {
+		case gg.reading <- struct{}{}:
+		default:
+			if last != nil && now.Sub(last.at) < g.sample {
+				return last.aged(now), nil // another write is reading it
+			}
+			select {
+			case gg.reading <- struct{}{}:
+			case <-ctx.Done():
+				return backlogSample{}, fmt.Errorf("outbox: read the backlog of %s: %w", g.table, ctx.Err())
+			}
+		}
+		if l := gg.last.Load(); l != last {
+			<-gg.reading
+			continue // read by another write meanwhile: look again
+		}
+		s, err := g.query(ctx, q, gg)
+		if err == nil {
+			gg.last.Store(&s)
+		}
+		<-gg.reading
+		return s, err
 	}
-	defer gg.mu.Unlock()
-	if l := gg.last.Load(); l != last && l != nil {
-		return l.aged(time.Now()), nil // read while this write waited for the lock
-	}
-	s, err := g.query(ctx, q, gg)
-	if err != nil {
-		return backlogSample{}, err
-	}
-	gg.last.Store(&s)
-	return s, nil
 }
 
 // query reads a gauge's backlog, counting at most its bound + 1 rows.
 func (g *backlogGuard) query(ctx context.Context, q querier, gg *backlogGauge) (backlogSample, error) {
-	var limit *int64
-	if gg.bound.MaxPending > 0 {
-		n := gg.bound.MaxPending + 1
-		limit = &n
-	}
+	limit := min(gg.bound.MaxPending, math.MaxInt64-1) + 1
 	var s backlogSample
 	var oldest float64
 	var err error
 	if gg.topic == "" {
-		err = q.QueryRow(ctx, g.tableSQL, limit).Scan(&s.pending, &oldest)
+		err = q.QueryRow(ctx, g.tableSQL, limit).Scan(&s.pending, &oldest, &s.readCommitted)
 	} else {
-		err = q.QueryRow(ctx, g.topicSQL, limit, gg.topic).Scan(&s.pending, &oldest)
+		err = q.QueryRow(ctx, g.topicSQL, limit, gg.topic).Scan(&s.pending, &oldest, &s.readCommitted)
 	}
 	if err != nil {
 		what := g.table

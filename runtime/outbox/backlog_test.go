@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/protoevents/protoevents/runtime/events"
@@ -197,7 +198,7 @@ func TestBacklogPolicyPerTopic(t *testing.T) {
 	}
 	_ = tx.Rollback(ctx)
 
-	aged, err := NewWriter(WithBacklogPolicy(BacklogPolicy{Table: BacklogBound{MaxAge: 300 * time.Millisecond}, Sample: time.Millisecond}))
+	aged, err := NewWriter(WithBacklogPolicy(BacklogPolicy{Table: BacklogBound{MaxPending: 1_000_000, MaxAge: 300 * time.Millisecond}, Sample: time.Millisecond}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,7 +209,7 @@ func TestBacklogPolicyPerTopic(t *testing.T) {
 		}
 		return err != nil
 	})
-	if be.Topic != "" || be.OldestPending <= 300*time.Millisecond || !strings.Contains(be.Error(), "over the bound (oldest 300ms)") {
+	if be.Topic != "" || be.OldestPending <= 300*time.Millisecond || !strings.Contains(be.Error(), "over the bound (1000000 pending rows, oldest 300ms)") {
 		t.Fatalf("age refusal: %+v: %s", be, be)
 	}
 }
@@ -227,13 +228,26 @@ func TestBacklogPolicyWaits(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	short, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
-	err = b.writeOne(short, w, newEvent(b.d, "k", 0))
-	cancel()
-	var be *BacklogError
-	if !errors.As(err, &be) || be.Waited <= 0 {
-		t.Fatalf("write whose context ends first: %v, want a *BacklogError after waiting", err)
+	// A write that waits its whole Wait fails with the time it waited.
+	brief, err := NewWriter(WithBacklogPolicy(BacklogPolicy{Table: BacklogBound{MaxPending: 10}, Wait: 100 * time.Millisecond, Sample: 5 * time.Millisecond}))
+	if err != nil {
+		t.Fatal(err)
 	}
+	err = b.writeOne(ctx, brief, newEvent(b.d, "k", 0))
+	var be *BacklogError
+	if !errors.As(err, &be) || be.Waited < 100*time.Millisecond {
+		t.Fatalf("write over the bound with a short wait: %v, want a *BacklogError after waiting 100ms", err)
+	}
+	// A transaction above READ COMMITTED sees one snapshot: it fails at
+	// once rather than wait for a backlog it cannot see fall.
+	tx, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.Write(ctx, tx, newEvent(b.d, "k", 0)); !errors.As(err, &be) || be.Waited > time.Minute {
+		t.Fatalf("write at REPEATABLE READ: %v, want a *BacklogError at once", err)
+	}
+	_ = tx.Rollback(ctx)
 
 	written := make(chan error, 1)
 	go func() { written <- b.writeOne(ctx, w, newEvent(b.d, "late", 0)) }()
@@ -259,6 +273,7 @@ func TestBacklogPolicyRefusals(t *testing.T) {
 		{"negative", []WriterOption{WithBacklogPolicy(BacklogPolicy{Table: BacklogBound{MaxPending: -1}})}, "must not be negative"},
 		{"negative wait", []WriterOption{WithBacklogPolicy(BacklogPolicy{Table: BacklogBound{MaxPending: 1}, Wait: -time.Second})}, "must not be negative"},
 		{"empty topic", []WriterOption{WithBacklogPolicy(BacklogPolicy{Topics: map[string]BacklogBound{"": {MaxPending: 1}}})}, "empty topic name"},
+		{"age alone", []WriterOption{WithBacklogPolicy(BacklogPolicy{Table: BacklogBound{MaxAge: time.Minute}})}, "MaxAge 1m0s without MaxPending"},
 		{"WAL source", []WriterOption{WithWALSource("s"), WithBacklogPolicy(BacklogPolicy{Table: BacklogBound{MaxPending: 1}})}, "walrelay.WithMaxLagBytes"},
 	} {
 		if _, err := NewWriter(tc.opts...); err == nil || !strings.Contains(err.Error(), tc.want) {

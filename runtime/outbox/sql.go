@@ -190,13 +190,18 @@ FROM %s WHERE published_at IS NULL`, table),
 }
 
 // backlogQueries are a Writer's backlog samples (WithBacklogPolicy) of
-// the table and of one topic: how many rows are pending, counted up to $1
-// (NULL: all), and the age in seconds of the oldest of those counted. The
+// the table and of one topic: how many rows are pending, counted up to $1,
+// and the age in seconds of the oldest of those counted. The
 // pending index (lane, id) holds only pending rows, so the count reads as
-// many index entries as it counts; when it stops at $1 the bound is
-// broken whatever the age.
+// many entries (and rows, for created_at) as it counts; when it stops at
+// $1 the bound is broken whatever the age. The last column says whether
+// the transaction reads at READ COMMITTED (a wait can see the backlog
+// fall).
 func backlogQueries(table string) (all, topic string) {
-	const sample = `SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8
+	// statement_timestamp, not now(): the caller's transaction may have
+	// begun long ago, and now() is its start.
+	const sample = `SELECT count(*), COALESCE(EXTRACT(EPOCH FROM statement_timestamp() - min(created_at)), 0)::float8,
+  current_setting('transaction_isolation') = 'read committed'
 FROM (SELECT created_at FROM %s WHERE published_at IS NULL%s LIMIT $1) p`
 	return fmt.Sprintf(sample, table, ``), fmt.Sprintf(sample, table, ` AND topic = $2`)
 }
