@@ -207,6 +207,9 @@ earliest offset would apply events again), 3 when Kafka cannot be reached.`)
 		failed = append(failed, fmt.Sprintf("oldest unprocessed message is %s old (> --max-age %s)", age.Round(time.Second), *maxAge))
 	}
 	var short []string
+	if *dedup > 0 && len(rets) == 0 {
+		fmt.Fprintf(env.stderr, "eventsctl consumer status: group %s: --dedup-retention checked nothing: the group has no committed offsets; give --topic\n", st.Group)
+	}
 	if *dedup > 0 {
 		for _, r := range rets {
 			if r.Retention == consumer.Forever || r.Retention > *dedup {

@@ -33,6 +33,7 @@ type partition struct {
 	id        int
 	log       *slog.Logger
 	pending   int64 // next offset to commit: last handled offset + 1
+	hwm       int64 // highest high watermark of the fetches so far
 	committed int64 // last offset committed to the group
 	lastFlush time.Time
 }
@@ -171,17 +172,29 @@ func (p *partition) next(ctx context.Context, r *kafka.Reader) (kafka.Message, e
 	}
 }
 
+// lag reports how far behind the partition is at m, the oldest message
+// not yet handled (see Hooks.Lag), and records the highest watermark seen.
 func (p *partition) lag(m kafka.Message, err error) {
-	if err == nil && p.c.s.hooks.Lag != nil {
-		p.c.s.hooks.Lag(p.topic, p.id, max(m.HighWaterMark-m.Offset-1, 0), max(time.Since(m.Time), 0))
+	if err != nil {
+		return
+	}
+	p.hwm = max(p.hwm, m.HighWaterMark)
+	if p.c.s.hooks.Lag != nil {
+		var age time.Duration
+		if !m.Time.IsZero() { // a record without a timestamp has no age
+			age = max(time.Since(m.Time), 0)
+		}
+		p.c.s.hooks.Lag(p.topic, p.id, max(p.hwm-m.Offset-1, 0), age)
 	}
 }
 
 // done marks m handled: its offset may now be committed. Handling the
-// last message the partition was known to hold leaves nothing behind.
+// last message the partition was known to hold (the highest watermark of
+// every fetch, so not an earlier message of a batch) leaves nothing
+// behind.
 func (p *partition) done(m kafka.Message) error {
 	p.pending = m.Offset + 1
-	if p.c.s.hooks.Lag != nil && m.HighWaterMark > 0 && m.Offset+1 >= m.HighWaterMark {
+	if p.c.s.hooks.Lag != nil && p.hwm > 0 && m.Offset+1 >= p.hwm {
 		p.c.s.hooks.Lag(p.topic, p.id, 0, 0)
 	}
 	if p.c.s.commitInterval == 0 {
@@ -321,6 +334,9 @@ func (p *partition) settleAfter(ctx context.Context, m kafka.Message, prior erro
 		if c.s.hooks.Retry != nil {
 			c.s.hooks.Retry(d, err, wait)
 		}
+		// A retrying message is the oldest unhandled one, and ageing: say so
+		// at each attempt, not only when it was fetched.
+		p.lag(m, nil)
 		if err := sleep(p.soft, wait); err != nil {
 			return err
 		}

@@ -214,6 +214,15 @@ func (c *Consumer) checkRetention(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		if errors.Is(err, kafka.TopicAuthorizationFailed) || errors.Is(err, kafka.ClusterAuthorizationFailed) {
+			// No retry grants the permission: decide now.
+			if c.s.retentionCheck == RetentionWarn {
+				c.log.Warn("consumer: cannot read the topics' retention; starting without the retention check (WithRetentionCheck(RetentionWarn))", "err", err)
+				return nil
+			}
+			return fmt.Errorf("consumer %s: %w: cannot read the consumed topics' retention to compare it with the dedup retention (WithPruning): "+
+				"grant the consumer's principal DescribeConfigs on the topics, or start with WithRetentionCheck(RetentionWarn): %w", c.name, ErrRetention, err)
+		}
 		if lastWarn.IsZero() || (c.s.unassignedWarn > 0 && time.Since(lastWarn) >= c.s.unassignedWarn) {
 			c.log.Warn("consumer: cannot read the topics' retention, retrying", "err", err)
 			lastWarn = time.Now()

@@ -38,7 +38,11 @@ func TestRetentionGuard(t *testing.T) {
 	b := setup(t, 1)
 	prune := []Option{WithRetentionFloor(time.Hour), WithPruning(time.Hour, 2*time.Hour)}
 
-	err := b.newConsumer(t, "guarded", b.handler("guarded", nil), prune...).Run(context.Background())
+	// Run returns at once with the refusal; the timeout only bounds a
+	// regression that would start consuming instead.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	err := b.newConsumer(t, "guarded", b.handler("guarded", nil), prune...).Run(ctx)
 	var re *RetentionError
 	if !errors.As(err, &re) || !errors.Is(err, ErrRetention) {
 		t.Fatalf("Run: %v, want a *RetentionError", err)
@@ -81,7 +85,7 @@ func TestRetentionGuard(t *testing.T) {
 
 	// Compaction keeps each key's last message for ever.
 	b.setTopicConfig(t, b.topic, "cleanup.policy", "compact")
-	if err := b.newConsumer(t, "compacted", b.handler("compacted", nil), prune...).Run(context.Background()); !errors.As(err, &re) || re.Topics[0].Retention != Forever ||
+	if err := b.newConsumer(t, "compacted", b.handler("compacted", nil), prune...).Run(ctx); !errors.As(err, &re) || re.Topics[0].Retention != Forever ||
 		!strings.Contains(err.Error(), "keeps messages forever") {
 		t.Fatalf("Run on a compacted topic: %v, want a *RetentionError naming it forever", err)
 	}
