@@ -212,7 +212,7 @@ earliest offset would apply events again), 3 when Kafka cannot be reached.`)
 	}
 	if *dedup > 0 {
 		for _, r := range rets {
-			if r.Retention == consumer.Forever || r.Retention > *dedup {
+			if r.Outlives(*dedup) {
 				short = append(short, fmt.Sprintf("topic %s keeps messages %s", r.Topic, retentionText(r.Retention)))
 			}
 		}
@@ -314,9 +314,9 @@ func printRetention(env *cliEnv, rets []consumer.TopicRetention, dedup time.Dura
 		verdict := "-"
 		switch {
 		case dedup == 0:
-		case r.Retention == consumer.Forever || r.Retention > dedup:
+		case r.Outlives(dedup):
 			verdict = fmt.Sprintf("%s: too short, a replay would apply events again", dedup)
-		case r.Segment == consumer.Forever || r.Retention+r.Segment > dedup:
+		case r.OutlivesBySegment(dedup):
 			verdict = fmt.Sprintf("%s: covers retention.ms, not a quiet topic's last segment", dedup)
 		default:
 			verdict = fmt.Sprintf("%s: covers it", dedup)

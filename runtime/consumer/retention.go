@@ -34,6 +34,21 @@ type TopicRetention struct {
 	Policy string
 }
 
+// Outlives reports whether the topic keeps messages (retention.ms, or for
+// ever) longer than dedup rows are kept, for dedup: a replay from the
+// earliest offset would apply events whose rows are gone.
+func (t TopicRetention) Outlives(dedup time.Duration) bool {
+	return t.Retention == Forever || t.Retention > dedup
+}
+
+// OutlivesBySegment reports whether the topic's messages outlive dedup rows
+// kept for dedup only through the span of a segment (retention.ms +
+// segment.ms does, retention.ms alone does not): on a quiet topic a replay
+// could apply a message again.
+func (t TopicRetention) OutlivesBySegment(dedup time.Duration) bool {
+	return !t.Outlives(dedup) && (t.Segment == Forever || t.Retention+t.Segment > dedup)
+}
+
 // Forever is TopicRetention.Retention for a topic that never deletes.
 const Forever time.Duration = -1
 
@@ -188,9 +203,9 @@ func WithRetentionCheck(rc RetentionCheck) Option {
 func retentionRisks(dedup time.Duration, trs []TopicRetention) (longer, segment []TopicRetention) {
 	for _, t := range trs {
 		switch {
-		case t.Retention == Forever || t.Retention > dedup:
+		case t.Outlives(dedup):
 			longer = append(longer, t)
-		case t.Segment == Forever || t.Retention+t.Segment > dedup:
+		case t.OutlivesBySegment(dedup):
 			segment = append(segment, t)
 		}
 	}
