@@ -293,11 +293,10 @@ func (g *backlogGuard) admit(ctx context.Context, q querier, rows []row) error {
 			// Under REPEATABLE READ or SERIALIZABLE every reading sees the
 			// transaction's snapshot: waiting could not see the backlog
 			// fall. A reading of this transaction's own says which.
-			own, err := g.query(ctx, q, broken)
+			own, err := g.sampleNow(ctx, q, broken)
 			if err != nil {
 				return err
 			}
-			broken.last.Store(&own)
 			isolationKnown, readCommitted = true, own.readCommitted
 			if !broken.bound.over(own) {
 				continue
@@ -361,13 +360,21 @@ func (g *backlogGuard) read(ctx context.Context, q querier, gg *backlogGauge, si
 			<-gg.reading
 			continue // read by another write meanwhile: look again
 		}
-		s, err := g.query(ctx, q, gg)
-		if err == nil {
-			gg.last.Store(&s)
-		}
+		s, err := g.sampleNow(ctx, q, gg)
 		<-gg.reading
 		return s, err
 	}
+}
+
+// sampleNow reads the gauge's backlog through q and, when q reads at READ
+// COMMITTED, keeps the reading for the other writes: a transaction above
+// it reads its own snapshot, which may be older than the reading's time.
+func (g *backlogGuard) sampleNow(ctx context.Context, q querier, gg *backlogGauge) (backlogSample, error) {
+	s, err := g.query(ctx, q, gg)
+	if err == nil && s.readCommitted {
+		gg.last.Store(&s)
+	}
+	return s, err
 }
 
 // query reads a gauge's backlog, counting at most its bound + 1 rows.
