@@ -114,3 +114,12 @@ func minMax(v []float64) (lo, hi float64) {
 	sort.Float64s(s)
 	return s[0], s[len(s)-1]
 }
+
+// runUntilStopped runs run in the background until the returned stop
+// cancels its context; stop returns what run returned.
+func runUntilStopped(run func(context.Context) error) (stop func() error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- run(ctx) }()
+	return func() error { cancel(); return <-done }
+}

@@ -89,10 +89,7 @@ func (o *ours) startRelay(brokers []string, workers int, p *progress) (stop func
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	return func() error { cancel(); return <-done }, nil
+	return runUntilStopped(r.Run), nil
 }
 
 // drain measures how fast the relay, with the given lane workers

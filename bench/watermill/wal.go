@@ -212,10 +212,7 @@ func startWALRelay(pool *pgxpool.Pool, slot string, brokers []string, p *progres
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Run(ctx) }()
-	return func() error { cancel(); return <-done }, nil
+	return runUntilStopped(r.Run), nil
 }
 
 // rawDecode reads n outbox records from slot as fast as the protocol

@@ -170,12 +170,9 @@ func (w *wm) startForwarder(brokers []string, p *progress) (stop func() error, e
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- f.Run(ctx) }()
+	stopRun := runUntilStopped(f.Run)
 	return func() error {
-		cancel()
-		err := <-done
+		err := stopRun()
 		_ = f.Close()
 		_ = pub.Close()
 		return err
