@@ -371,7 +371,9 @@ func summary(res results) {
 			[3]string{fmt.Sprintf("WAL source write, %d client(s), plain pgx.Tx / bare", clients), pre + "wal-plain ns/op", pre + "bare ns/op"},
 			[3]string{fmt.Sprintf("table write on the logical server, %d client(s), CommitTx / bare", clients), pre + "table ns/op", pre + "bare ns/op"},
 			[3]string{fmt.Sprintf("table write on the logical server, %d client(s), plain / bare", clients), pre + "table-plain ns/op", pre + "bare ns/op"},
-			[3]string{fmt.Sprintf("raw pgx message with the COMMIT, %d client(s) / bare", clients), pre + "raw-wal ns/op", pre + "bare ns/op"})
+			[3]string{fmt.Sprintf("raw pgx message with the COMMIT, %d client(s) / bare", clients), pre + "raw-wal ns/op", pre + "bare ns/op"},
+			[3]string{fmt.Sprintf("Watermill on the logical server, %d client(s) / bare", clients), pre + "watermill ns/op", pre + "bare ns/op"},
+			[3]string{fmt.Sprintf("WAL source write, %d client(s), plain pgx.Tx / Watermill", clients), pre + "wal-plain ns/op", pre + "watermill ns/op"})
 	}
 	pairs = append(pairs,
 		[3]string{"WAL relay drain / polling relay drain", "wal-drain/wal events/s", "wal-drain/table events/s"},
@@ -380,7 +382,9 @@ func summary(res results) {
 		pre := fmt.Sprintf("wal-e2e-%d/", rate)
 		pairs = append(pairs,
 			[3]string{fmt.Sprintf("end to end at %d/s, p50 WAL relay / polling relay (both apart)", rate), pre + "wal-apart p50-ms", pre + "table-apart p50-ms"},
-			[3]string{fmt.Sprintf("end to end at %d/s, p99 WAL relay / polling relay (both apart)", rate), pre + "wal-apart p99-ms", pre + "table-apart p99-ms"})
+			[3]string{fmt.Sprintf("end to end at %d/s, p99 WAL relay / polling relay (both apart)", rate), pre + "wal-apart p99-ms", pre + "table-apart p99-ms"},
+			[3]string{fmt.Sprintf("end to end at %d/s, p50 WAL relay apart / Watermill", rate), pre + "wal-apart p50-ms", pre + "watermill p50-ms"},
+			[3]string{fmt.Sprintf("end to end at %d/s, p99 WAL relay apart / Watermill", rate), pre + "wal-apart p99-ms", pre + "watermill p99-ms"})
 	}
 	fmt.Println("\nratios over the rounds (median, min–max):")
 	for _, p := range pairs {

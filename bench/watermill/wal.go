@@ -102,6 +102,13 @@ func walWriteRound(ctx context.Context, e *env, c config, res results) error {
 	}
 	defer ws.drop()
 	d := descriptorFor("wal-write-" + suffix())
+	// Watermill on the same server: issue 31 compares the deployed shape
+	// (a plain pgx.Tx) with it, as the write round does on the shared one.
+	w, err := newWM(ctx, ws.schema)
+	if err != nil {
+		return err
+	}
+	wmTopic := "wal-write-wm-" + suffix()
 	variants := []struct {
 		name string
 		p    producer
@@ -114,6 +121,9 @@ func walWriteRound(ctx context.Context, e *env, c config, res results) error {
 		// The floor under wal: a message of the record's size sent with the
 		// COMMIT by pgx alone, no protoevents code.
 		{"raw-wal", producer{begin: rawBatchBegin, publish: rawWALHold}},
+		{"watermill", producer{publish: func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
+			return w.publish(ctx, tx, wmTopic, ord)
+		}}},
 	}
 	ps := make([]producer, len(variants))
 	for i, v := range variants {
@@ -316,11 +326,50 @@ func walE2ERound(ctx context.Context, e *env, c config, res results, walFirst bo
 				return nil
 			}
 		}
-		if err := inOrder(walFirst, run("wal-apart", true), run("table-apart", false)); err != nil {
-			return err
+		runs := []func() error{run("wal-apart", true), run("table-apart", false), walE2EWatermill(ctx, e, c, res, rate)}
+		if !walFirst {
+			runs[0], runs[1], runs[2] = runs[2], runs[0], runs[1]
+		}
+		for _, run := range runs {
+			if err := run(); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
+}
+
+// walE2EWatermill is Watermill's end-to-end run at rate on the logical
+// server: the peer of the WAL relay in the deployed shape (issue 31).
+func walE2EWatermill(ctx context.Context, e *env, c config, res results, rate int) func() error {
+	return func() error {
+		s, err := e.newSchemaOn(ctx, e.walURL, "wmb_wale_wm")
+		if err != nil {
+			return err
+		}
+		defer s.drop()
+		w, err := newWM(ctx, s)
+		if err != nil {
+			return err
+		}
+		topic := "wal-e2e-wm-" + suffix()
+		if err := createTopics(ctx, e.brokers, topic); err != nil {
+			return err
+		}
+		r, err := endToEnd(ctx, e.brokers, topic, rate, e2eProducers, c.e2e, s,
+			producer{publish: func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
+				return w.publish(ctx, tx, topic, ord)
+			}},
+			func(p *progress) (func() error, error) { return w.startForwarder(e.brokers, p) })
+		if err != nil {
+			return fmt.Errorf("watermill at %d/s: %w", rate, err)
+		}
+		key := fmt.Sprintf("wal-e2e-%d/watermill", rate)
+		res.add(key, "p50-ms", r.p50)
+		res.add(key, "p99-ms", r.p99)
+		res.add(key, "events/s", r.rate)
+		return nil
+	}
 }
 
 // walRound is one round of the WAL relay's measurements: "wal" runs them
