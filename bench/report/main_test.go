@@ -92,6 +92,10 @@ BenchmarkWatermill/write-1/raw-batch 1 230000.000 ns/op
 BenchmarkWatermill/write-8/raw-plain 1 70000.000 ns/op
 BenchmarkWatermill/write-8/raw-batch 1 62000.000 ns/op
 BenchmarkWatermill/write-8/watermill 1 70000.000 ns/op
+BenchmarkWatermill/write-1/raw-roundtrip 1 250000.000 ns/op
+BenchmarkWatermill/write-8/raw-roundtrip 1 63000.000 ns/op
+BenchmarkWatermill/wal-write-1/raw-roundtrip 1 240000.000 ns/op
+BenchmarkWatermill/wal-write-8/raw-roundtrip 1 61000.000 ns/op
 BenchmarkWatermill/consume/ours 1 9000.000 events/s
 BenchmarkWatermill/consume/watermill 1 8000.000 events/s
 BenchmarkWatermill/e2e-500/ours 1 3.000 p50-ms

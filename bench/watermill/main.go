@@ -208,6 +208,7 @@ func writeRound(ctx context.Context, e *env, c config, res results, oursFirst bo
 		// The floor under ours: the same row with pgx alone (raw.go).
 		{"raw-plain", producer{publish: rawPlain(d.Topic)}},
 		{"raw-batch", producer{begin: rawBatchBegin, publish: rawBatchHold(d.Topic)}},
+		{"raw-roundtrip", producer{publish: rawRoundTrip}},
 	}
 	if !oursFirst {
 		variants[1], variants[2], variants[3] = variants[3], variants[1], variants[2]
@@ -354,6 +355,8 @@ func summary(res results) {
 		{"outbox write, 1 client, raw pgx INSERT+COMMIT batch / bare", "write-1/raw-batch ns/op", "write-1/bare ns/op"},
 		{"outbox write, 8 clients, raw pgx INSERT / bare insert", "write-8/raw-plain ns/op", "write-8/bare ns/op"},
 		{"outbox write, 8 clients, raw pgx INSERT+COMMIT batch / bare", "write-8/raw-batch ns/op", "write-8/bare ns/op"},
+		{"outbox write, 1 client, a SELECT 1 round trip / bare", "write-1/raw-roundtrip ns/op", "write-1/bare ns/op"},
+		{"outbox write, 8 clients, a SELECT 1 round trip / bare", "write-8/raw-roundtrip ns/op", "write-8/bare ns/op"},
 		{"consumer with dedup, ours / Watermill", "consume/ours events/s", "consume/watermill events/s"},
 	}
 	for _, rate := range e2eRates {
@@ -372,6 +375,7 @@ func summary(res results) {
 			[3]string{fmt.Sprintf("table write on the logical server, %d client(s), CommitTx / bare", clients), pre + "table ns/op", pre + "bare ns/op"},
 			[3]string{fmt.Sprintf("table write on the logical server, %d client(s), plain / bare", clients), pre + "table-plain ns/op", pre + "bare ns/op"},
 			[3]string{fmt.Sprintf("raw pgx message with the COMMIT, %d client(s) / bare", clients), pre + "raw-wal ns/op", pre + "bare ns/op"},
+			[3]string{fmt.Sprintf("a SELECT 1 round trip on the logical server, %d client(s) / bare", clients), pre + "raw-roundtrip ns/op", pre + "bare ns/op"},
 			[3]string{fmt.Sprintf("Watermill on the logical server, %d client(s) / bare", clients), pre + "watermill ns/op", pre + "bare ns/op"},
 			[3]string{fmt.Sprintf("WAL source write, %d client(s), plain pgx.Tx / Watermill", clients), pre + "wal-plain ns/op", pre + "watermill ns/op"})
 	}

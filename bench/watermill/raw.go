@@ -33,6 +33,15 @@ func rawArgs(topic string, o *ordersv1.OrderPlaced) []any {
 	return []any{ulid.Make().String(), "shop.orders.v1.OrderPlaced", topic, []byte(o.OrderId), rawValue, rawHeaders}
 }
 
+// rawRoundTrip is raw-roundtrip's publish: a SELECT 1 on the plain
+// transaction, no row and no message. It is the floor under any event
+// written by a statement of its own on a plain pgx.Tx: one more round trip
+// and nothing else.
+func rawRoundTrip(ctx context.Context, tx pgx.Tx, _ *ordersv1.OrderPlaced) error {
+	_, err := tx.Exec(ctx, "SELECT 1")
+	return err
+}
+
 // rawPlain is raw-plain's publish: the INSERT at once.
 func rawPlain(topic string) publishFunc {
 	return func(ctx context.Context, tx pgx.Tx, o *ordersv1.OrderPlaced) error {

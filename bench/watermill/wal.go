@@ -121,6 +121,8 @@ func walWriteRound(ctx context.Context, e *env, c config, res results) error {
 		// The floor under wal: a message of the record's size sent with the
 		// COMMIT by pgx alone, no protoevents code.
 		{"raw-wal", producer{begin: rawBatchBegin, publish: rawWALHold}},
+		// The floor under wal-plain: a round trip and nothing else.
+		{"raw-roundtrip", producer{publish: rawRoundTrip}},
 		{"watermill", producer{publish: func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
 			return w.publish(ctx, tx, wmTopic, ord)
 		}}},
