@@ -306,17 +306,9 @@ func e2eRound(ctx context.Context, e *env, c config, res results, oursFirst bool
 			}),
 			func() error {
 				return e.withWM(ctx, "wmb_e2e_wm", func(w *wm) error {
-					topic := "e2e-wm-" + suffix()
-					if err := createTopics(ctx, e.brokers, topic); err != nil {
-						return err
-					}
-					r, err := endToEnd(ctx, e.brokers, topic, rate, e2eProducers, c.e2e, w.s,
-						producer{publish: func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
-							return w.publish(ctx, tx, topic, ord)
-						}},
-						func(p *progress) (func() error, error) { return w.startForwarder(e.brokers, p) })
+					r, err := w.endToEnd(ctx, e, c, rate)
 					if err != nil {
-						return fmt.Errorf("watermill at %d/s: %w", rate, err)
+						return err
 					}
 					record("watermill", r)
 					return nil

@@ -345,32 +345,17 @@ func walE2ERound(ctx context.Context, e *env, c config, res results, walFirst bo
 // server: the peer of the WAL relay in the deployed shape (issue 31).
 func walE2EWatermill(ctx context.Context, e *env, c config, res results, rate int) func() error {
 	return func() error {
-		s, err := e.newSchemaOn(ctx, e.walURL, "wmb_wale_wm")
-		if err != nil {
-			return err
-		}
-		defer s.drop()
-		w, err := newWM(ctx, s)
-		if err != nil {
-			return err
-		}
-		topic := "wal-e2e-wm-" + suffix()
-		if err := createTopics(ctx, e.brokers, topic); err != nil {
-			return err
-		}
-		r, err := endToEnd(ctx, e.brokers, topic, rate, e2eProducers, c.e2e, s,
-			producer{publish: func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
-				return w.publish(ctx, tx, topic, ord)
-			}},
-			func(p *progress) (func() error, error) { return w.startForwarder(e.brokers, p) })
-		if err != nil {
-			return fmt.Errorf("watermill at %d/s: %w", rate, err)
-		}
-		key := fmt.Sprintf("wal-e2e-%d/watermill", rate)
-		res.add(key, "p50-ms", r.p50)
-		res.add(key, "p99-ms", r.p99)
-		res.add(key, "events/s", r.rate)
-		return nil
+		return e.withWMOn(ctx, e.walURL, "wmb_wale_wm", func(w *wm) error {
+			r, err := w.endToEnd(ctx, e, c, rate)
+			if err != nil {
+				return err
+			}
+			key := fmt.Sprintf("wal-e2e-%d/watermill", rate)
+			res.add(key, "p50-ms", r.p50)
+			res.add(key, "p99-ms", r.p99)
+			res.add(key, "events/s", r.rate)
+			return nil
+		})
 	}
 }
 

@@ -63,7 +63,12 @@ func newWM(ctx context.Context, s *schema) (*wm, error) {
 // withWM runs fn on Watermill in a schema of its own (named after prefix),
 // dropped afterwards.
 func (e *env) withWM(ctx context.Context, prefix string, fn func(*wm) error) error {
-	s, err := e.newSchema(ctx, prefix)
+	return e.withWMOn(ctx, e.url, prefix, fn)
+}
+
+// withWMOn is withWM on the server at url.
+func (e *env) withWMOn(ctx context.Context, url, prefix string, fn func(*wm) error) error {
+	s, err := e.newSchemaOn(ctx, url, prefix)
 	if err != nil {
 		return err
 	}
@@ -271,4 +276,22 @@ func (w *wm) consume(ctx context.Context, brokers []string, n int) (float64, err
 		}
 		return nil
 	})
+}
+
+// endToEnd is Watermill's end-to-end run at rate: its publisher in the
+// producers' transactions, its Forwarder to Kafka.
+func (w *wm) endToEnd(ctx context.Context, e *env, c config, rate int) (e2eResult, error) {
+	topic := "e2e-wm-" + suffix()
+	if err := createTopics(ctx, e.brokers, topic); err != nil {
+		return e2eResult{}, err
+	}
+	r, err := endToEnd(ctx, e.brokers, topic, rate, e2eProducers, c.e2e, w.s,
+		producer{publish: func(ctx context.Context, tx pgx.Tx, ord *ordersv1.OrderPlaced) error {
+			return w.publish(ctx, tx, topic, ord)
+		}},
+		func(p *progress) (func() error, error) { return w.startForwarder(e.brokers, p) })
+	if err != nil {
+		return e2eResult{}, fmt.Errorf("watermill at %d/s: %w", rate, err)
+	}
+	return r, nil
 }
