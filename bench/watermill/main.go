@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"os"
 	"runtime/pprof"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -84,6 +85,13 @@ func (r results) add(name, unit string, v float64) {
 	r[name+" "+unit] = append(r[name+" "+unit], v)
 }
 
+// addE2E records an end-to-end run: its p50, p99 and rate.
+func (r results) addE2E(name string, e e2eResult) {
+	r.add(name, "p50-ms", e.p50)
+	r.add(name, "p99-ms", e.p99)
+	r.add(name, "events/s", e.rate)
+}
+
 func run(ctx context.Context, c config) error {
 	e, err := startEnv(ctx, wantsWAL(c.only))
 	if err != nil {
@@ -122,6 +130,21 @@ func run(ctx context.Context, c config) error {
 		}
 	}
 	summary(res)
+	return nil
+}
+
+// inTurn runs runs in order when first is set, else starting from the
+// last (the others after it in order), stopping at the first error: the
+// runs of a round take turns going first.
+func inTurn(first bool, runs ...func() error) error {
+	if !first {
+		runs = slices.Concat(runs[len(runs)-1:], runs[:len(runs)-1])
+	}
+	for _, run := range runs {
+		if err := run(); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
@@ -267,11 +290,7 @@ const e2eProducers = 4
 
 func e2eRound(ctx context.Context, e *env, c config, res results, oursFirst bool) error {
 	for _, rate := range e2eRates {
-		record := func(name string, r e2eResult) {
-			res.add(fmt.Sprintf("e2e-%d/%s", rate, name), "p50-ms", r.p50)
-			res.add(fmt.Sprintf("e2e-%d/%s", rate, name), "p99-ms", r.p99)
-			res.add(fmt.Sprintf("e2e-%d/%s", rate, name), "events/s", r.rate)
-		}
+		record := func(name string, r e2eResult) { res.addE2E(fmt.Sprintf("e2e-%d/%s", rate, name), r) }
 		// ours: outbox.BeginFunc (a CommitTx) and the relay in this
 		// process, woken by the Writer; ours-apart: the shape most users
 		// deploy, a plain pgx.BeginFunc and the relay in a process of its
@@ -315,16 +334,7 @@ func e2eRound(ctx context.Context, e *env, c config, res results, oursFirst bool
 				})
 			},
 		}
-		if !oursFirst {
-			runs[0], runs[1], runs[2] = runs[2], runs[0], runs[1]
-		}
-		var err error
-		for _, run := range runs {
-			if err = run(); err != nil {
-				break
-			}
-		}
-		if err != nil {
+		if err := inTurn(oursFirst, runs...); err != nil {
 			return err
 		}
 	}

@@ -321,21 +321,12 @@ func walE2ERound(ctx context.Context, e *env, c config, res results, walFirst bo
 				if err != nil {
 					return fmt.Errorf("%s at %d/s: %w", name, rate, err)
 				}
-				key := fmt.Sprintf("wal-e2e-%d/%s", rate, name)
-				res.add(key, "p50-ms", r.p50)
-				res.add(key, "p99-ms", r.p99)
-				res.add(key, "events/s", r.rate)
+				res.addE2E(fmt.Sprintf("wal-e2e-%d/%s", rate, name), r)
 				return nil
 			}
 		}
-		runs := []func() error{run("wal-apart", true), run("table-apart", false), walE2EWatermill(ctx, e, c, res, rate)}
-		if !walFirst {
-			runs[0], runs[1], runs[2] = runs[2], runs[0], runs[1]
-		}
-		for _, run := range runs {
-			if err := run(); err != nil {
-				return err
-			}
+		if err := inTurn(walFirst, run("wal-apart", true), run("table-apart", false), walE2EWatermill(ctx, e, c, res, rate)); err != nil {
+			return err
 		}
 	}
 	return nil
@@ -350,10 +341,7 @@ func walE2EWatermill(ctx context.Context, e *env, c config, res results, rate in
 			if err != nil {
 				return err
 			}
-			key := fmt.Sprintf("wal-e2e-%d/watermill", rate)
-			res.add(key, "p50-ms", r.p50)
-			res.add(key, "p99-ms", r.p99)
-			res.add(key, "events/s", r.rate)
+			res.addE2E(fmt.Sprintf("wal-e2e-%d/watermill", rate), r)
 			return nil
 		})
 	}
