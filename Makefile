@@ -2,6 +2,8 @@
 # buf is built from the Go module proxy into ./bin, the plugins run from
 # go.mod, Postgres is started as a throwaway cluster when no URL is given,
 # and Kafka is an in-process cluster unless PROTOEVENTS_KAFKA_BROKERS is set.
+# The real-broker tier (test-kafka, demo KAFKA=apache) fetches Apache Kafka
+# through Maven and needs a JDK 17+ and mvn.
 
 GO          ?= go
 BIN         := $(CURDIR)/bin
@@ -13,7 +15,7 @@ export PATH := $(BIN):$(PATH)
 # everything that runs it end to end.
 RACE_PKGS   := ./runtime/... ./eventstest/... ./examples/... ./cmd/eventsctl/...
 
-.PHONY: all build generate check-generated test test-race lint demo bench tools clean
+.PHONY: all build generate check-generated test test-kafka lint demo bench tools clean
 
 all: build
 
@@ -47,12 +49,29 @@ test: lint
 	$(GO) test ./...
 	$(GO) test -race $(RACE_PKGS)
 
+# Apache Kafka lines the real tier runs on: the oldest and the newest tested
+# (README, "Tested brokers").
+KAFKA_VERSIONS ?= 3.9.2 4.4.0
+# Packages whose tests talk to Kafka; internal/brokerfaults is the
+# three-node fault suite.
+KAFKA_PKGS  := ./runtime/... ./eventstest/... ./examples/... ./cmd/eventsctl/... ./internal/brokerfaults/...
+
+## test-kafka: every Kafka-dependent test on real Apache Kafka (JDK + Maven), once per
+## version in KAFKA_VERSIONS; the broker-fault tests on a three-node cluster
+test-kafka:
+	@for v in $(KAFKA_VERSIONS); do \
+	  echo "== Apache Kafka $$v"; \
+	  PROTOEVENTS_TEST_KAFKA=apache PROTOEVENTS_KAFKA_VERSION=$$v $(GO) test -count=1 -timeout 30m $(KAFKA_PKGS) || exit 1; \
+	done
+
 ## demo: generate, then run orders → outbox → relay → Kafka → shipping end to end
-## (RELAY=wal: the producers write to the WAL and the WAL relay streams it)
+## (RELAY=wal: the producers write to the WAL and the WAL relay streams it;
+## KAFKA=apache: on a real Apache Kafka node instead of the embedded broker)
 RELAY ?= table
+KAFKA ?= embedded
 demo: $(BUF)
 	$(BUF) generate
-	$(GO) run ./examples/cmd/demo -relay $(RELAY)
+	$(GO) run ./examples/cmd/demo -relay $(RELAY) -kafka $(KAFKA)
 
 ## bench: Go benchmarks, then protoevents beside Watermill (bench/watermill, its own
 ## module), with the ratios the performance targets are stated in

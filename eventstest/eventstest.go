@@ -90,11 +90,11 @@ type Option func(*config)
 // produce (default envelope.FormatJSON).
 func WithFormat(f envelope.Format) Option { return func(c *config) { c.format = f } }
 
-// WithInProcessKafka uses an in-process cluster even when
-// $PROTOEVENTS_KAFKA_BROKERS names a real one: for tests whose topics and
-// consumer groups have fixed names (generated events), which would meet
-// other runs' messages on a shared cluster.
-func WithInProcessKafka() Option { return func(c *config) { c.fake = true } }
+// WithOwnKafka gives the Env a Kafka cluster of its own (OwnKafka)
+// even when $PROTOEVENTS_KAFKA_BROKERS names a shared one: for tests whose
+// topics and consumer groups have fixed names (generated events), which
+// would meet other runs' messages on a shared cluster.
+func WithOwnKafka() Option { return func(c *config) { c.fake = true } }
 
 // WithPartitions sets the partition count of the topics the Env creates
 // (default 3).
@@ -122,7 +122,7 @@ func New(t testing.TB, opts ...Option) *Env {
 	}
 	var k *kafkacluster.Cluster
 	if cfg.fake {
-		k = FakeKafka(t)
+		k = OwnKafka(t)
 	} else {
 		k = Kafka(t)
 	}

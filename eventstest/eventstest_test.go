@@ -24,7 +24,7 @@ func TestProduceRelayConsume(t *testing.T) {
 	for _, f := range envelope.Formats {
 		t.Run(f.String(), func(t *testing.T) {
 			ctx := context.Background()
-			env := eventstest.New(t, eventstest.WithInProcessKafka(), eventstest.WithFormat(f))
+			env := eventstest.New(t, eventstest.WithOwnKafka(), eventstest.WithFormat(f))
 			placed := ordersv1.NewOrderPlacedProducer(env.Writer)
 			rollback := errors.New("rollback")
 			err := pgx.BeginFunc(ctx, env.DB, func(tx pgx.Tx) error {
@@ -68,7 +68,7 @@ func TestProduceRelayConsume(t *testing.T) {
 // TestDLQWaitsForEntries checks that DLQ returns the dead-lettered message
 // with the consumer's headers decoded.
 func TestDLQWaitsForEntries(t *testing.T) {
-	env := eventstest.New(t, eventstest.WithInProcessKafka())
+	env := eventstest.New(t, eventstest.WithOwnKafka())
 	c := env.NewConsumer(t, "strict")
 	if err := ordersv1.HandleOrderPlaced(c, func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev *ordersv1.OrderPlaced) error {
 		return consumer.Permanent(errors.New("refused"))

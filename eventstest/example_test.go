@@ -18,7 +18,7 @@ import (
 func Example() {
 	TestBilling := func(t *testing.T) {
 		ctx := context.Background()
-		env := eventstest.New(t, eventstest.WithInProcessKafka())
+		env := eventstest.New(t, eventstest.WithOwnKafka())
 		if _, err := env.DB.Exec(ctx, `CREATE TABLE billed (order_id text PRIMARY KEY)`); err != nil {
 			t.Fatal(err)
 		}
@@ -43,7 +43,7 @@ func Example() {
 // TestKitExample runs Example's steps.
 func TestKitExample(t *testing.T) {
 	ctx := context.Background()
-	env := eventstest.New(t, eventstest.WithInProcessKafka())
+	env := eventstest.New(t, eventstest.WithOwnKafka())
 	if _, err := env.DB.Exec(ctx, `CREATE TABLE billed (order_id text PRIMARY KEY)`); err != nil {
 		t.Fatal(err)
 	}

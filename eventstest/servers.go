@@ -36,8 +36,17 @@ func Kafka(t testing.TB, opts ...kfake.Opt) *kafkacluster.Cluster {
 	return servers.Kafka(t, opts...)
 }
 
+// OwnKafka returns a cluster of the test's own, for tests whose topics and
+// consumer groups have fixed names (generated events): a new Apache Kafka
+// node in the real tier ($PROTOEVENTS_TEST_KAFKA=apache), else a new
+// in-process cluster.
+func OwnKafka(t testing.TB, opts ...kfake.Opt) *kafkacluster.Cluster {
+	t.Helper()
+	return servers.OwnKafka(t, opts...)
+}
+
 // FakeKafka returns a new in-process cluster even when a real one is
-// configured, for tests that inject broker faults or use fixed topic names.
+// configured, for tests that inject faults through kfake's control hooks.
 func FakeKafka(t testing.TB, opts ...kfake.Opt) *kafkacluster.Cluster {
 	t.Helper()
 	return servers.FakeKafka(t, opts...)

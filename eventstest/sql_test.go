@@ -19,7 +19,7 @@ import (
 // and the event reaches a consumer through the relay.
 func TestDatabaseSQLProducerEndToEnd(t *testing.T) {
 	ctx := context.Background()
-	env := eventstest.New(t, eventstest.WithInProcessKafka())
+	env := eventstest.New(t, eventstest.WithOwnKafka())
 	db := stdlib.OpenDBFromPool(env.DB)
 	defer db.Close()
 	if _, err := db.ExecContext(ctx, `CREATE TABLE orders (id text PRIMARY KEY)`); err != nil {

@@ -30,7 +30,7 @@ func TestConsumerStatusAndReset(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool, _ := servers.DB(t)
-	k := servers.FakeKafka(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	k := servers.OwnKafka(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	const topic = "billing.invoice-due.v1"
 	d := testenv.Descriptor(topic)
 	if err := k.CreateTopics(ctx, 2, topic, d.DLQTopic); err != nil {

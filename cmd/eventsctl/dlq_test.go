@@ -20,7 +20,7 @@ import (
 // a hex dump, not as raw bytes.
 func TestDLQShowFindsPartitionAndDecodesProto(t *testing.T) {
 	ctx := context.Background()
-	k := servers.FakeKafka(t)
+	k := servers.OwnKafka(t)
 	const topic = "shop.orders.order-placed.v1.dlq"
 	if err := k.CreateTopics(ctx, 3, topic); err != nil {
 		t.Fatal(err)

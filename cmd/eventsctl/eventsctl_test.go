@@ -124,9 +124,9 @@ func TestDemoPoisonRedrive(t *testing.T) {
 	ctx := context.Background()
 	pool, schema := servers.DB(t)
 	// The example's topics and consumer groups are fixed by its schemas, so
-	// runs would see each other's messages on a shared cluster: always
-	// in-process Kafka here, whatever PROTOEVENTS_KAFKA_BROKERS says.
-	k := servers.FakeKafka(t)
+	// runs would see each other's messages on a shared cluster: a cluster of
+	// the test's own (a real node in the real tier, else in-process).
+	k := servers.OwnKafka(t)
 	env := map[string]string{"PROTOEVENTS_DATABASE_URL": dbURL(t, schema), "PROTOEVENTS_KAFKA_BROKERS": strings.Join(k.Brokers, ",")}
 
 	if code, out, errOut := cli(t, env, "migrate"); code != 0 || !strings.Contains(out, "outbox table outbox: ready") {
@@ -223,7 +223,7 @@ func itoa(n int) string { return strconv.Itoa(n) }
 // and stops cleanly on cancellation (SIGTERM in the real process).
 func TestRelayProcess(t *testing.T) {
 	pool, schema := servers.DB(t)
-	k := servers.FakeKafka(t)
+	k := servers.OwnKafka(t)
 	env := map[string]string{"PROTOEVENTS_DATABASE_URL": dbURL(t, schema), "PROTOEVENTS_KAFKA_BROKERS": strings.Join(k.Brokers, ",")}
 	if code, out, errOut := cli(t, env, "migrate"); code != 0 {
 		t.Fatalf("migrate: exit %d\n%s%s", code, out, errOut)
@@ -316,7 +316,7 @@ func TestRelayProcess(t *testing.T) {
 // when stopped.
 func TestRelayProcessWaitsForTheDatabase(t *testing.T) {
 	t.Parallel()
-	k := servers.FakeKafka(t)
+	k := servers.OwnKafka(t)
 	closed := func() string {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {

@@ -16,7 +16,7 @@ import (
 // differences when the plan changes.
 func TestTopicsFromLock(t *testing.T) {
 	ctx := context.Background()
-	k := servers.FakeKafka(t)
+	k := servers.OwnKafka(t)
 	env := map[string]string{"PROTOEVENTS_KAFKA_BROKERS": strings.Join(k.Brokers, ",")}
 	const lock = "../../events.lock" // orders.v1.OrderCancelled has dlq_topic "orders.dead-letters"
 

@@ -27,7 +27,7 @@ func TestWALCommands(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	cluster, pool := testenv.OwnCluster(t, ctx, pgcluster.WithSetting("wal_level", "logical"))
-	k := servers.FakeKafka(t)
+	k := servers.OwnKafka(t)
 	env := map[string]string{"PROTOEVENTS_DATABASE_URL": cluster.URL, "PROTOEVENTS_KAFKA_BROKERS": strings.Join(k.Brokers, ",")}
 	if code, out, errOut := cli(t, env, "wal", "status"); code != 1 || !strings.Contains(errOut, "eventsctl wal setup") {
 		t.Fatalf("status before setup: exit %d\n%s%s", code, out, errOut)

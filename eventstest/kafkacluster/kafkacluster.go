@@ -1,13 +1,17 @@
 // Package kafkacluster gives tests (yours and ours) and the demo a Kafka cluster reached over
 // the real wire protocol: the brokers named in $PROTOEVENTS_KAFKA_BROKERS, or
-// an in-process kfake cluster listening on loopback TCP.
+// an in-process kfake cluster listening on loopback TCP. (Real Apache Kafka
+// brokers that a test starts itself are package apachekafka.)
 package kafkacluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -27,16 +31,49 @@ type Cluster struct {
 	// Fake is the in-process cluster, or nil when Brokers name a real one.
 	// Tests use it for fault injection.
 	Fake *kfake.Cluster
+
+	namespace string
+}
+
+// Shared returns a handle on the cluster at brokers for one test among
+// others: its Group names carry a suffix of their own, so tests that run
+// at once (or again, on a cluster that keeps committed offsets) never join
+// each other's consumer groups.
+func Shared(brokers []string, namespace string) *Cluster {
+	return &Cluster{Brokers: brokers, namespace: namespace}
+}
+
+// Namespace is the suffix of the test's group IDs ("" on a cluster of the
+// test's own), for a child process to build the same handle with Shared.
+func (c *Cluster) Namespace() string { return c.namespace }
+
+// Group returns the consumer group ID a test uses for name: name itself on
+// a cluster of the test's own, name with the test's suffix on a shared one.
+func (c *Cluster) Group(name string) string {
+	if c.namespace == "" {
+		return name
+	}
+	return name + "." + c.namespace
 }
 
 // Start returns the cluster named by $PROTOEVENTS_KAFKA_BROKERS, or starts
 // an in-process one with the given kfake options added to sane defaults
 // (one broker, topics auto-created with 3 partitions).
 func Start(opts ...kfake.Opt) (*Cluster, error) {
-	if env := strings.TrimSpace(os.Getenv(EnvBrokers)); env != "" {
-		return &Cluster{Brokers: strings.Split(env, ",")}, nil
+	if brokers := EnvBrokerList(); brokers != nil {
+		return &Cluster{Brokers: brokers}, nil
 	}
 	return StartFake(opts...)
+}
+
+// EnvBrokerList returns the brokers named in $PROTOEVENTS_KAFKA_BROKERS, or
+// nil.
+func EnvBrokerList() []string {
+	env := strings.TrimSpace(os.Getenv(EnvBrokers))
+	if env == "" {
+		return nil
+	}
+	return strings.Split(env, ",")
 }
 
 // StartFake starts an in-process kfake cluster regardless of the
@@ -59,7 +96,9 @@ func (c *Cluster) Close() {
 
 // Client returns a kafka-go admin client for the cluster.
 func (c *Cluster) Client() *kafka.Client {
-	return &kafka.Client{Addr: kafka.TCP(c.Brokers...), Timeout: 10 * time.Second}
+	// A transport of its own: kafka-go's shared default transport pools
+	// connections across every caller in the process.
+	return &kafka.Client{Addr: kafka.TCP(c.Brokers...), Transport: &kafka.Transport{}, Timeout: 10 * time.Second}
 }
 
 // CreateTopics creates topics with the given number of partitions; topics
@@ -69,10 +108,22 @@ func (c *Cluster) CreateTopics(ctx context.Context, partitions int, topics ...st
 }
 
 // CreateTopics creates topics on the cluster reached through brokers;
-// topics that already exist are left as they are.
+// topics that already exist are left as they are. A connection dropped
+// under the request (a real broker shared by parallel tests answers so now
+// and then) is retried: creating is idempotent.
 func CreateTopics(ctx context.Context, brokers []string, partitions int, names ...string) error {
-	if _, err := topics.Create(ctx, brokers, topics.Config{Partitions: partitions}, names...); err != nil {
-		return fmt.Errorf("kafkacluster: %w", err)
+	for {
+		_, err := topics.Create(ctx, brokers, topics.Config{Partitions: partitions}, names...)
+		if err == nil {
+			return nil
+		}
+		if !(errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)) || ctx.Err() != nil {
+			return fmt.Errorf("kafkacluster: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("kafkacluster: %w", err)
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	return nil
 }

@@ -25,7 +25,7 @@ func TestMain(m *testing.M) { servers.Main(m) }
 func TestChoreography(t *testing.T) {
 	ctx := context.Background()
 	pool, _ := servers.DB(t)
-	k := servers.FakeKafka(t)
+	k := servers.OwnKafka(t)
 	for _, err := range []error{outbox.Migrate(ctx, pool), consumer.Migrate(ctx, pool), Migrate(ctx, pool),
 		stock.Fill(ctx, pool, "sku-1", 100), stock.Fill(ctx, pool, "sku-none", 0)} {
 		if err != nil {

@@ -37,9 +37,9 @@ func TestDemoFlowOnTheWALRelay(t *testing.T) {
 func demoFlow(t *testing.T, pool *pgxpool.Pool, relay string) {
 	ctx := context.Background()
 	// The example's topics and consumer groups are fixed by its schemas, so
-	// runs would see each other's messages on a shared cluster: always
-	// in-process Kafka here, whatever PROTOEVENTS_KAFKA_BROKERS says.
-	k := servers.FakeKafka(t)
+	// runs would see each other's messages on a shared cluster: a cluster of
+	// the test's own (a real node in the real tier, else in-process).
+	k := servers.OwnKafka(t)
 	if err := Setup(ctx, pool, k.Brokers); err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 func TestSagaDemo(t *testing.T) {
 	ctx := context.Background()
 	pool, _ := servers.DB(t)
-	k := servers.FakeKafka(t)
+	k := servers.OwnKafka(t)
 	if err := SetupSaga(ctx, pool, k.Brokers); err != nil {
 		t.Fatal(err)
 	}

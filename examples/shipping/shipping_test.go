@@ -21,7 +21,7 @@ func TestMain(m *testing.M) { eventstest.Main(m) }
 func TestShippingWithTheTestKit(t *testing.T) {
 	ctx := context.Background()
 	// Generated topics and the consumer group have fixed names.
-	env := eventstest.New(t, eventstest.WithInProcessKafka())
+	env := eventstest.New(t, eventstest.WithOwnKafka())
 	if err := shipping.Migrate(ctx, env.DB); err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,11 @@ package testenv
 
 import (
 	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -33,4 +37,31 @@ func OwnCluster(t testing.TB, ctx context.Context, opts ...pgcluster.Option) (*p
 	}
 	t.Cleanup(pool.Close)
 	return c, pool
+}
+
+// WaitFor polls cond until it holds, failing the test with what and the
+// state cond last described when within passes. The bound is generous by
+// design: the wait returns as soon as the condition holds, so a loaded
+// machine only makes it slower, never red.
+func WaitFor(t testing.TB, within time.Duration, what string, cond func() (bool, string)) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		ok, state := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s (%s)", within, what, state)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Ready asks an http.Handler of a /readyz probe and returns whether it
+// answered 200, with its body.
+func Ready(h http.Handler) (bool, string) {
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+	return rec.Code == http.StatusOK, strings.TrimSpace(rec.Body.String())
 }

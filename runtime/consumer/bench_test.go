@@ -150,6 +150,7 @@ func burstMemory(b *testing.B, queued, maxBytes int) (peak, handled float64) {
 		envChildSchema+"="+bd.schema,
 		envChildBrokers+"="+strings.Join(bd.kafka.Brokers, ","),
 		envChildTopic+"="+bd.topic,
+		envChildNamespace+"="+bd.kafka.Namespace(),
 	)
 	var errs bytes.Buffer
 	cmd.Stderr = &errs

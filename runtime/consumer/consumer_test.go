@@ -430,7 +430,7 @@ func TestDLQPublishFailureHoldsOffset(t *testing.T) {
 	b.produce(t, kafka.Message{Value: []byte("{garbage")}, message(t, b.event(t, "a", 1), nil))
 	time.Sleep(time.Second)
 	committed := func() int64 {
-		resp, err := b.kafka.Client().OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: "late", Topics: map[string][]int{b.topic: {0}}})
+		resp, err := b.kafka.Client().OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: b.kafka.Group("late"), Topics: map[string][]int{b.topic: {0}}})
 		if err != nil {
 			t.Fatal(err)
 		}

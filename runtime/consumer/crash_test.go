@@ -32,6 +32,9 @@ const (
 	envChildSchema  = "PROTOEVENTS_CONSUMER_CHILD_SCHEMA"
 	envChildBrokers = "PROTOEVENTS_CONSUMER_CHILD_BROKERS"
 	envChildTopic   = "PROTOEVENTS_CONSUMER_CHILD_TOPIC"
+	// envChildNamespace is the suffix of the parent's group IDs on a shared
+	// cluster (kafkacluster.Cluster.Namespace).
+	envChildNamespace = "PROTOEVENTS_CONSUMER_CHILD_NAMESPACE"
 	// envChildCommit is the child's offset commit interval (default 50ms).
 	envChildCommit = "PROTOEVENTS_CONSUMER_CHILD_COMMIT_INTERVAL"
 )
@@ -81,7 +84,7 @@ func childBundle(t *testing.T, ctx context.Context) *bundle {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	return &bundle{pool: pool, kafka: &kafkacluster.Cluster{Brokers: strings.Split(os.Getenv(envChildBrokers), ",")}, d: descriptorFor(os.Getenv(envChildTopic))}
+	return &bundle{pool: pool, kafka: kafkacluster.Shared(strings.Split(os.Getenv(envChildBrokers), ","), os.Getenv(envChildNamespace)), d: descriptorFor(os.Getenv(envChildTopic))}
 }
 
 // lockedBuffer collects the children's output; os/exec copies into it
@@ -114,9 +117,9 @@ func TestCrashKill(t *testing.T) {
 		t.Skip("kills child processes; skipped with -short")
 	}
 	t.Parallel()
-	// In-process Kafka even when a real cluster is configured: the children
-	// rely on its short group session timeouts to take over quickly.
-	b := setupOn(t, 3, servers.FakeKafka(t, kfake.GroupMinSessionTimeout(100*time.Millisecond)))
+	// The children rely on short group session timeouts to take over
+	// quickly: kfake's are set here, the real test broker's in apachekafka.
+	b := setupOn(t, 3, servers.Kafka(t, kfake.GroupMinSessionTimeout(100*time.Millisecond)))
 	const n = 5000
 	msgs := make([]kafka.Message, n)
 	for i := range msgs {
@@ -139,6 +142,7 @@ func TestCrashKill(t *testing.T) {
 			envChildSchema+"="+b.schema,
 			envChildBrokers+"="+strings.Join(b.kafka.Brokers, ","),
 			envChildTopic+"="+b.topic,
+			envChildNamespace+"="+b.kafka.Namespace(),
 		)
 		cmd.Stdout, cmd.Stderr = &logs, &logs
 		if err := cmd.Start(); err != nil {

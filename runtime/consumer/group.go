@@ -157,7 +157,11 @@ func DescribeGroup(ctx context.Context, brokers []string, group string, topics [
 		return GroupStatus{}, fmt.Errorf("consumer: describe group %s: %w", group, err)
 	}
 	defer a.close()
-	st, err := a.describe(ctx, group, topics, true)
+	var st GroupStatus
+	err = retryCoordinator(ctx, func() (err error) {
+		st, err = a.describe(ctx, group, topics, true)
+		return err
+	})
 	if err != nil {
 		return GroupStatus{}, fmt.Errorf("consumer: describe group %s: %w", group, err)
 	}
@@ -480,7 +484,11 @@ func ResetGroup(ctx context.Context, brokers []string, group string, topics []st
 		return nil, fmt.Errorf("consumer: reset group %s: %w", group, err)
 	}
 	defer a.close()
-	st, err := a.describe(ctx, group, topics, false)
+	var st GroupStatus
+	err = retryCoordinator(ctx, func() (err error) {
+		st, err = a.describe(ctx, group, topics, false)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("consumer: reset group %s: %w", group, err)
 	}
@@ -511,23 +519,50 @@ func ResetGroup(ctx context.Context, brokers []string, group string, topics []st
 	if a.s.dryRun {
 		return out, nil
 	}
-	res, err := a.cl.OffsetCommit(ctx, &kafka.OffsetCommitRequest{GroupID: group, GenerationID: -1, Topics: commit})
-	if err != nil {
-		return nil, fmt.Errorf("consumer: reset group %s: offset commit: %w", group, err)
-	}
-	var errs []error
-	for t, ps := range res.Topics {
-		for _, p := range ps {
-			if p.Error != nil {
-				errs = append(errs, fmt.Errorf("%s/%d: %w", t, p.Partition, p.Error))
+	err = retryCoordinator(ctx, func() error {
+		res, err := a.cl.OffsetCommit(ctx, &kafka.OffsetCommitRequest{GroupID: group, GenerationID: -1, Topics: commit})
+		if err != nil {
+			return fmt.Errorf("offset commit: %w", err)
+		}
+		var errs []error
+		for t, ps := range res.Topics {
+			for _, p := range ps {
+				if p.Error != nil {
+					errs = append(errs, fmt.Errorf("%s/%d: %w", t, p.Partition, p.Error))
+				}
 			}
 		}
-	}
-	if err := errors.Join(errs...); err != nil {
+		return errors.Join(errs...)
+	})
+	if err != nil {
 		if errors.Is(err, kafka.UnknownMemberId) || errors.Is(err, kafka.IllegalGeneration) || errors.Is(err, kafka.RebalanceInProgress) {
 			return nil, fmt.Errorf("consumer: reset group %s refused by the broker, a member joined meanwhile (%w): stop every consumer of the group and run again: %w", group, ErrGroupActive, err)
 		}
-		return nil, fmt.Errorf("consumer: reset group %s: offset commit: %w", group, err)
+		return nil, fmt.Errorf("consumer: reset group %s: %w", group, err)
 	}
 	return out, nil
+}
+
+// retryCoordinator runs fn again while it fails because the group's
+// coordinator is moving or loading (a broker restarted, the offsets topic's
+// leadership changed): a real broker answers so for a few seconds, and an
+// operator's describe or reset should wait that out, not fail. It gives up
+// after 30s or when ctx ends, returning the last error.
+func retryCoordinator(ctx context.Context, fn func() error) error {
+	deadline := time.Now().Add(30 * time.Second)
+	wait := 100 * time.Millisecond
+	for {
+		err := fn()
+		if err == nil || !(errors.Is(err, kafka.NotCoordinatorForGroup) || errors.Is(err, kafka.GroupCoordinatorNotAvailable) || errors.Is(err, kafka.GroupLoadInProgress)) || time.Now().Add(wait).After(deadline) {
+			return err
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		wait = min(2*wait, time.Second)
+	}
 }

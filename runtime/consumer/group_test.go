@@ -11,24 +11,26 @@ import (
 	"github.com/segmentio/kafka-go"
 )
 
-// describe is DescribeGroup with a test timeout.
-func (b *bundle) describe(t testing.TB, group string, topics ...string) GroupStatus {
+// describe is DescribeGroup of the group of the consumer named name, with a
+// test timeout.
+func (b *bundle) describe(t testing.TB, name string, topics ...string) GroupStatus {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	st, err := DescribeGroup(ctx, b.kafka.Brokers, group, topics)
+	st, err := DescribeGroup(ctx, b.kafka.Brokers, b.kafka.Group(name), topics)
 	if err != nil {
 		t.Fatal(err)
 	}
 	return st
 }
 
-// waitGroup waits until the group's status satisfies cond.
-func (b *bundle) waitGroup(t testing.TB, group, what string, cond func(GroupStatus) bool) GroupStatus {
+// waitGroup waits until the status of the group of the consumer named name
+// satisfies cond.
+func (b *bundle) waitGroup(t testing.TB, name, what string, cond func(GroupStatus) bool) GroupStatus {
 	t.Helper()
 	var st GroupStatus
 	waitFor(t, 30*time.Second, what, func() (bool, string) {
-		st = b.describe(t, group)
+		st = b.describe(t, name)
 		return cond(st), fmt.Sprintf("%+v", st)
 	})
 	return st
@@ -78,7 +80,7 @@ func TestGroupDescribeAndReset(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	_, err := ResetGroup(ctx, b.kafka.Brokers, "admin", nil, ResetToEarliest())
+	_, err := ResetGroup(ctx, b.kafka.Brokers, b.kafka.Group("admin"), nil, ResetToEarliest())
 	var live *LiveMembersError
 	if !errors.As(err, &live) || !errors.Is(err, ErrGroupActive) || !strings.Contains(err.Error(), st.Members[0].ID) ||
 		!strings.Contains(err.Error(), "stop every consumer of the group") {
@@ -112,7 +114,7 @@ func TestGroupDescribeAndReset(t *testing.T) {
 
 	reset := func(to ResetTo) []OffsetReset {
 		t.Helper()
-		got, err := ResetGroup(ctx, b.kafka.Brokers, "admin", []string{b.topic}, to)
+		got, err := ResetGroup(ctx, b.kafka.Brokers, b.kafka.Group("admin"), []string{b.topic}, to)
 		if err != nil {
 			t.Fatalf("reset to %s: %v", to, err)
 		}
@@ -154,14 +156,14 @@ func TestGroupDescribeAndReset(t *testing.T) {
 	if st := b.describe(t, "admin"); st.Lag() != 36 {
 		t.Fatalf("lag %d after the reset to earliest, want 36", st.Lag())
 	}
-	dry, err := ResetGroup(ctx, b.kafka.Brokers, "admin", nil, ResetToOffset(1<<40), ResetDryRun())
+	dry, err := ResetGroup(ctx, b.kafka.Brokers, b.kafka.Group("admin"), nil, ResetToOffset(1<<40), ResetDryRun())
 	if err != nil || len(dry) != 3 {
 		t.Fatalf("dry run: %v, %v", dry, err)
 	}
 	if st := b.describe(t, "admin"); st.Lag() != 36 {
 		t.Fatalf("a dry run moved the offsets: lag %d, want 36", st.Lag())
 	}
-	if _, err := DescribeGroup(ctx, b.kafka.Brokers, "admin", []string{b.topic + ".missing"}); !errors.Is(err, ErrNoTopic) {
+	if _, err := DescribeGroup(ctx, b.kafka.Brokers, b.kafka.Group("admin"), []string{b.topic + ".missing"}); !errors.Is(err, ErrNoTopic) {
 		t.Fatalf("describe of a missing topic: %v, want ErrNoTopic", err)
 	}
 }

@@ -130,14 +130,14 @@ func TestConsumerHandlesSeveralEvents(t *testing.T) {
 	}
 	var retries counter
 	s, err := New(b.pool, b.kafka.Brokers, "svc",
-		append(fastOptions(), WithMiddleware(outer), WithMiddleware(permanent), WithHooks(Hooks{
+		append(fastOptions(), WithGroupID(b.kafka.Group("svc")), WithMiddleware(outer), WithMiddleware(permanent), WithHooks(Hooks{
 			Retry: func(events.Delivery, error, time.Duration) { retries.inc() },
 		}))...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.GroupID() != "svc" {
-		t.Fatalf("GroupID %q, want the name", s.GroupID())
+	if s.GroupID() != b.kafka.Group("svc") {
+		t.Fatalf("GroupID %q, want %q", s.GroupID(), b.kafka.Group("svc"))
 	}
 	insert := func(ctx context.Context, tx pgx.Tx, meta events.Meta, ev testEvent) error {
 		record(meta, "handler")
@@ -170,7 +170,7 @@ func TestConsumerHandlesSeveralEvents(t *testing.T) {
 		others = append(others, message(t, testenv.NewEvent(d2, fmt.Sprint("o", i%2), i), nil))
 	}
 	b.produce(t, msgs...)
-	w := &kafka.Writer{Addr: kafka.TCP(b.kafka.Brokers...), Topic: d2.Topic, Balancer: &kafka.Hash{}, BatchTimeout: time.Millisecond}
+	w := &kafka.Writer{Addr: kafka.TCP(b.kafka.Brokers...), Topic: d2.Topic, Balancer: &kafka.Hash{}, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
 	defer w.Close()
 	if err := w.WriteMessages(ctx, others...); err != nil {
 		t.Fatal(err)
@@ -233,7 +233,7 @@ func TestMissingTopicsRefused(t *testing.T) {
 	t.Parallel()
 	b := setup(t, 1)
 	d2 := otherDescriptor(b.topic + "-absent")
-	s, err := New(b.pool, b.kafka.Brokers, "missing", fastOptions()...)
+	s, err := New(b.pool, b.kafka.Brokers, "missing", append(fastOptions(), WithGroupID(b.kafka.Group("missing")))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,7 +265,7 @@ func TestWaitForTopics(t *testing.T) {
 	d2 := otherDescriptor(b.topic + "-later")
 	sink := &logSink{}
 	s, err := New(b.pool, b.kafka.Brokers, "waiter",
-		append(fastOptions(), WithLogger(slog.New(sink)), WithWaitForTopics(), WithWarnInterval(50*time.Millisecond), withTopicPoll(20*time.Millisecond))...)
+		append(fastOptions(), WithGroupID(b.kafka.Group("waiter")), WithLogger(slog.New(sink)), WithWaitForTopics(), WithWarnInterval(50*time.Millisecond), withTopicPoll(20*time.Millisecond))...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -300,7 +300,7 @@ func TestWaitForTopics(t *testing.T) {
 	if err := b.kafka.CreateTopics(cctx, 1, d2.Topic, d2.DLQTopic); err != nil {
 		t.Fatal(err)
 	}
-	w := &kafka.Writer{Addr: kafka.TCP(b.kafka.Brokers...), Topic: d2.Topic, BatchTimeout: time.Millisecond}
+	w := &kafka.Writer{Addr: kafka.TCP(b.kafka.Brokers...), Topic: d2.Topic, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
 	defer w.Close()
 	if err := w.WriteMessages(cctx, message(t, testenv.NewEvent(d2, "a", 1), nil)); err != nil {
 		t.Fatal(err)

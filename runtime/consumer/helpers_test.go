@@ -152,13 +152,15 @@ func bind(d *events.Descriptor, fn func(ctx context.Context, tx pgx.Tx, meta eve
 // brokers with the single handler h.
 func (b *bundle) newConsumer(t testing.TB, name string, h testHandler, opts ...Option) *Consumer {
 	t.Helper()
-	return newConsumerOn(t, b.pool, b.kafka.Brokers, name, h, append(fastOptions(), opts...)...)
+	return newConsumerOn(t, b.pool, b.kafka, name, h, append(fastOptions(), opts...)...)
 }
 
-// newConsumerOn is New plus Handle(h), failing the test on an error.
-func newConsumerOn(t testing.TB, pool *pgxpool.Pool, brokers []string, name string, h testHandler, opts ...Option) *Consumer {
+// newConsumerOn is New plus Handle(h), failing the test on an error. Its
+// group is the cluster's Group(name), so tests sharing a real cluster keep
+// to groups of their own; an option may set another.
+func newConsumerOn(t testing.TB, pool *pgxpool.Pool, kc *kafkacluster.Cluster, name string, h testHandler, opts ...Option) *Consumer {
 	t.Helper()
-	c, err := New(pool, brokers, name, opts...)
+	c, err := New(pool, kc.Brokers, name, append([]Option{WithGroupID(kc.Group(name))}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

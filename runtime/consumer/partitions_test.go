@@ -36,7 +36,7 @@ func TestAddedPartitionsAreConsumed(t *testing.T) {
 	}
 	// One event on each new partition, written there directly.
 	for p := 1; p <= 2; p++ {
-		w := &kafka.Writer{Addr: kafka.TCP(b.kafka.Brokers...), Topic: b.topic, BatchTimeout: time.Millisecond,
+		w := &kafka.Writer{Addr: kafka.TCP(b.kafka.Brokers...), Topic: b.topic, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond,
 			Balancer: kafka.BalancerFunc(func(kafka.Message, ...int) int { return p })}
 		waitFor(t, 30*time.Second, fmt.Sprintf("partition %d writable", p), func() (bool, string) {
 			err := w.WriteMessages(ctx, message(t, b.event(t, fmt.Sprint("new-", p), p), nil))

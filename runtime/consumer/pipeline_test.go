@@ -49,7 +49,7 @@ func TestHandlerEventsGoWithTheCommit(t *testing.T) {
 				}
 				return nil
 			})
-			c := newConsumerOn(t, pool, b.kafka.Brokers, "pipe", h, append(fastOptions(), WithMaxBatch(maxBatch))...)
+			c := newConsumerOn(t, pool, b.kafka, "pipe", h, append(fastOptions(), WithMaxBatch(maxBatch))...)
 			b.produce(t, message(t, b.event(t, "kept", 1), nil), message(t, b.event(t, "refused", 2), nil))
 			r := start(t, c)
 			b.effectsAtLeast(t, 1, 30*time.Second)

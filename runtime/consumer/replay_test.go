@@ -62,7 +62,7 @@ func TestReplayRebuildsReadModel(t *testing.T) {
 	// Replay under the same name: absorbed by the dedup table.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	moves, err := ResetGroup(ctx, b.kafka.Brokers, "orders-view", nil, ResetToEarliest())
+	moves, err := ResetGroup(ctx, b.kafka.Brokers, b.kafka.Group("orders-view"), nil, ResetToEarliest())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@ func TestHandleSQL(t *testing.T) {
 				msgs = append(msgs, message(t, b.event(t, fmt.Sprint("k", i%5), i), nil))
 			}
 			b.produce(t, msgs...)
-			s, err := New(b.pool, b.kafka.Brokers, "sql", append(fastOptions(), bc.opts...)...)
+			s, err := New(b.pool, b.kafka.Brokers, "sql", append(append(fastOptions(), WithGroupID(b.kafka.Group("sql"))), bc.opts...)...)
 			if err != nil {
 				t.Fatal(err)
 			}

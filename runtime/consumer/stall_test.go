@@ -74,7 +74,7 @@ func TestStallHelperProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	name := "stall-" + b.d.Topic
-	c := newConsumerOn(t, pool, b.kafka.Brokers, name, b.handler(name, nil),
+	c := newConsumerOn(t, pool, b.kafka, name, b.handler(name, nil),
 		append([]Option{withMaxWait(50 * time.Millisecond), WithLogger(testLogger())}, opts...)...)
 	if err := c.Run(ctx); err != nil {
 		t.Fatal(err)
@@ -149,6 +149,7 @@ func TestRebalanceStall(t *testing.T) {
 			envChildSchema+"="+b.schema,
 			envChildBrokers+"="+strings.Join(b.kafka.Brokers, ","),
 			envChildTopic+"="+b.topic,
+			envChildNamespace+"="+b.kafka.Namespace(),
 		)
 		cmd.Stdout, cmd.Stderr = &logs, &logs
 		if err := cmd.Start(); err != nil {

@@ -219,7 +219,7 @@ func (c *Consumer) watchPartitions(gctx context.Context, base map[string]int, in
 		}
 		for _, topic := range c.topics {
 			if n, ok := now[topic]; ok && n != base[topic] {
-				c.log.Info("consumer: partitions changed, rebalancing to consume them", "topic", topic, "partitions", n, "were", base[topic])
+				c.log.Warn("consumer: partitions changed, rebalancing to consume them; a key's events published after the change may be applied before its earlier ones still queued on its old partition (runbook: Growing a topic)", "topic", topic, "partitions", n, "were", base[topic])
 				return // ends the generation: the member rejoins
 			}
 		}

@@ -128,7 +128,7 @@ func (m *kafkaMessage) Finish(error) error { return nil }
 func TestCloudEventsSDKReadsRelayedRecords(t *testing.T) {
 	for _, f := range envelope.Formats {
 		t.Run(f.String(), func(t *testing.T) {
-			env := eventstest.New(t, eventstest.WithInProcessKafka(), eventstest.WithFormat(f))
+			env := eventstest.New(t, eventstest.WithOwnKafka(), eventstest.WithFormat(f))
 			sent := &ordersv1.OrderPlaced{OrderId: "o-1", CustomerId: "c-7", TotalCents: 4200, Currency: "EUR", Country: "DE",
 				Items: []*ordersv1.LineItem{{Sku: "sku-1", Quantity: 2}}}
 			id := env.Produce(t, sent, events.WithCorrelationID("req-42"), events.WithCausationID("01JDQ2X7Y4Z8KQ3B6M9T5V0W1R"),

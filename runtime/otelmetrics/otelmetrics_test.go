@@ -58,7 +58,7 @@ func TestRelayAndConsumerReportThroughOTel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env := eventstest.New(t, eventstest.WithInProcessKafka())
+	env := eventstest.New(t, eventstest.WithOwnKafka())
 	for _, id := range []string{"o-1", "o-2", "o-3", "poison"} {
 		env.Produce(t, &ordersv1.OrderPlaced{OrderId: id})
 	}

@@ -176,7 +176,7 @@ func TestRelayStartedBeforePostgres(t *testing.T) {
 	if err := Migrate(ctx, pool); err != nil {
 		t.Fatal(err)
 	}
-	k := servers.FakeKafka(t)
+	k := servers.Kafka(t)
 	topic := servers.Topic(t, "outbox")
 	if err := k.CreateTopics(ctx, 3, topic); err != nil {
 		t.Fatal(err)

@@ -9,6 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 	"github.com/segmentio/kafka-go/sasl/plain"
+
+	"github.com/protoevents/protoevents/runtime/internal/kafkawriter"
 )
 
 // TestRelayProducerOptions: the producer options reach every worker's
@@ -59,7 +61,7 @@ func TestRelayProducerOptions(t *testing.T) {
 		w.BatchTimeout != time.Nanosecond {
 		t.Fatalf("writer settings the guarantees rest on: %+v", w)
 	}
-	if _, ok := w.Balancer.(kafka.Murmur2Balancer); !ok {
-		t.Fatalf("balancer %T, want murmur2", w.Balancer)
+	if g, ok := w.Balancer.(*kafkawriter.Guard); !ok || g != r.guard {
+		t.Fatalf("balancer %T, want the relay's one kafkawriter.Guard (murmur2, shared by its writers)", w.Balancer)
 	}
 }

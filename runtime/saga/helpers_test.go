@@ -143,7 +143,7 @@ func quietLogger() *slog.Logger {
 func newWorld(t *testing.T) *world {
 	t.Helper()
 	pool, schema := servers.DB(t)
-	k := servers.FakeKafka(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
+	k := servers.OwnKafka(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	wd := &world{pool: pool, schema: schema, kafka: k, ds: newDescriptors(schema)}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

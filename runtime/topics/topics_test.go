@@ -74,7 +74,7 @@ func TestCreateRefusesNoBrokers(t *testing.T) {
 func TestPlanAndCheckFromRegistry(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	k := servers.FakeKafka(t)
+	k := servers.Kafka(t)
 	a := servers.Topic(t, "plan-a")
 	ds := []*events.Descriptor{{Type: "x.A", Topic: a, DLQTopic: a + "-dead"}}
 	cfg := topics.Config{Partitions: 2, Configs: map[string]string{"retention.ms": "3600000"}}

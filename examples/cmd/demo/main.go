@@ -24,6 +24,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/protoevents/protoevents/eventstest/apachekafka"
 	"github.com/protoevents/protoevents/eventstest/kafkacluster"
 	"github.com/protoevents/protoevents/eventstest/pgcluster"
 	"github.com/protoevents/protoevents/examples/demo"
@@ -51,7 +52,8 @@ func main() {
 func runDemo(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	dbURL := fs.String("database-url", os.Getenv("PROTOEVENTS_DATABASE_URL"), "Postgres URL; empty starts a throwaway cluster")
-	brokersFlag := fs.String("brokers", os.Getenv(kafkacluster.EnvBrokers), "Kafka brokers; empty starts an in-process cluster")
+	brokersFlag := fs.String("brokers", os.Getenv(kafkacluster.EnvBrokers), "Kafka brokers; empty starts a cluster (see -kafka)")
+	kafkaKind := fs.String("kafka", "embedded", `the cluster started when -brokers is empty: "embedded" (in-process kfake) or "apache" (a real Apache Kafka node, fetched through Maven; needs java and mvn)`)
 	n := fs.Int("orders", 1000, "orders to place")
 	poison := fs.String("poison-country", "ZZ", "shipping country no carrier serves (its order is the poison message)")
 	keep := fs.Bool("keep", false, "after the run, keep Postgres and Kafka up (until Ctrl-C) and print eventsctl commands to try")
@@ -75,12 +77,18 @@ func runDemo(ctx context.Context, args []string) error {
 		return err
 	}
 	defer cleanupDB()
-	brokers, cleanupKafka, err := kafkaBrokers(*brokersFlag)
+	brokers, cleanupKafka, err := kafkaBrokers(ctx, *brokersFlag, *kafkaKind)
 	if err != nil {
 		return err
 	}
 	defer cleanupKafka()
-	fmt.Printf("  Postgres %s\n  Kafka    %s\n", redact(url), strings.Join(brokers, ","))
+	kafkaName := "in-process (kfake)"
+	if *brokersFlag != "" {
+		kafkaName = "given"
+	} else if *kafkaKind == "apache" {
+		kafkaName = "Apache Kafka " + apacheVersion()
+	}
+	fmt.Printf("  Postgres %s\n  Kafka    %s, %s\n", redact(url), strings.Join(brokers, ","), kafkaName)
 	if err := demo.Setup(ctx, pool, brokers); err != nil {
 		return err
 	}
@@ -199,16 +207,37 @@ func database(ctx context.Context, url string, logical bool) (*pgxpool.Pool, str
 	return pool, url, func() { pool.Close(); cleanup() }, nil
 }
 
-// kafkaBrokers returns the given brokers, or starts an in-process cluster.
-func kafkaBrokers(list string) ([]string, func(), error) {
+// kafkaBrokers returns the given brokers, or starts a cluster of kind
+// "embedded" (in-process) or "apache" (a real single node).
+func kafkaBrokers(ctx context.Context, list, kind string) ([]string, func(), error) {
 	if list != "" {
 		return strings.Split(list, ","), func() {}, nil
+	}
+	switch kind {
+	case "embedded":
+	case "apache":
+		fmt.Printf("  starting Apache Kafka %s (first run: fetched through Maven)\n", apacheVersion())
+		c, err := apachekafka.Start(ctx, apachekafka.Config{})
+		if err != nil {
+			return nil, nil, err
+		}
+		return c.Brokers(), func() { _ = c.Stop() }, nil
+	default:
+		return nil, nil, fmt.Errorf("-kafka %q: want embedded or apache", kind)
 	}
 	c, err := kafkacluster.StartFake()
 	if err != nil {
 		return nil, nil, err
 	}
 	return c.Brokers, c.Close, nil
+}
+
+// apacheVersion is the Apache Kafka version -kafka apache runs.
+func apacheVersion() string {
+	if v := os.Getenv(apachekafka.EnvVersion); v != "" {
+		return v
+	}
+	return apachekafka.DefaultVersion
 }
 
 // redact hides a password in a URL.

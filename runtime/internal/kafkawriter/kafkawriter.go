@@ -5,6 +5,7 @@ package kafkawriter
 
 import (
 	"crypto/tls"
+	"sync"
 	"time"
 
 	"github.com/segmentio/kafka-go"
@@ -18,6 +19,10 @@ type Config struct {
 	MaxAttempts  int
 	WriteTimeout time.Duration
 	BatchSize    int
+	// Guard is the partitioner, shared by a relay's writers so that a
+	// partition count change is reported once (nil: one of its own that
+	// reports nothing).
+	Guard *Guard
 }
 
 // Transport returns the transport that carries a relay's TLS and SASL
@@ -40,7 +45,7 @@ func Transport(t *tls.Config, m sasl.Mechanism) *kafka.Transport {
 func New(c Config) *kafka.Writer {
 	w := &kafka.Writer{
 		Addr:            kafka.TCP(c.Brokers...),
-		Balancer:        kafka.Murmur2Balancer{},
+		Balancer:        c.Guard,
 		BatchTimeout:    time.Nanosecond,
 		MaxAttempts:     c.MaxAttempts,
 		WriteBackoffMin: 50 * time.Millisecond,
@@ -49,6 +54,9 @@ func New(c Config) *kafka.Writer {
 		RequiredAcks:    kafka.RequireAll,
 		BatchSize:       c.BatchSize,
 		BatchBytes:      1 << 30, // never split a partition's share; the relay caps the batch itself
+	}
+	if c.Guard == nil {
+		w.Balancer = &Guard{}
 	}
 	if c.Transport != nil {
 		w.Transport = c.Transport // not a nil *Transport in the interface
@@ -70,4 +78,44 @@ func Size(m *kafka.Message) int {
 		n += 16 + len(h.Key) + len(h.Value)
 	}
 	return n
+}
+
+// Guard is the relays' partitioner: murmur2 like the Java client, and a
+// watch on each topic's partition count. kafka-go hands the balancer the
+// topic's current partitions with every message, so a change is seen at
+// the first message after kafka-go's metadata refresh, at no extra cost.
+// A grown topic maps keys to other partitions: a key's next events may
+// then be consumed before its earlier ones still waiting on the old
+// partition. The relays cannot prevent that (the operator chose to grow
+// the topic); Changed lets them say so loudly (docs/runbook.md, "Growing
+// a topic"). PartitionsMessage is what they log.
+type Guard struct {
+	Changed func(topic string, was, now int)
+
+	mu    sync.Mutex
+	count map[string]int
+}
+
+// PartitionsMessage is the relays' warning when a topic's partition count
+// changed under them.
+const PartitionsMessage = "topic partition count changed while publishing: keys now map to other partitions, so a key's new events may be consumed before its earlier ones on the old partition (per-key order is not guaranteed across the change); see the runbook, \"Growing a topic\""
+
+// Balance picks msg's partition with murmur2 and reports a changed
+// partition count once per change.
+func (g *Guard) Balance(msg kafka.Message, partitions ...int) int {
+	if g.Changed != nil {
+		g.mu.Lock()
+		was, seen := g.count[msg.Topic]
+		if !seen || was != len(partitions) {
+			if g.count == nil {
+				g.count = map[string]int{}
+			}
+			g.count[msg.Topic] = len(partitions)
+		}
+		g.mu.Unlock()
+		if seen && was != len(partitions) {
+			g.Changed(msg.Topic, was, len(partitions))
+		}
+	}
+	return kafka.Murmur2Balancer{}.Balance(msg, partitions...)
 }

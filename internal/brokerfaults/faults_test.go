@@ -1,0 +1,177 @@
+package brokerfaults
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/protoevents/protoevents/internal/testenv"
+)
+
+// Generous bounds for a loaded two-core machine: every wait returns as
+// soon as its condition holds.
+const (
+	flowing  = 2 * time.Minute // for the next events to be applied
+	settling = 4 * time.Minute // for the whole backlog to drain after a fault
+)
+
+// mostLeading returns the node leading the most partitions of leaders.
+func mostLeading(leaders map[int]int) int {
+	count := map[int]int{}
+	best := 0
+	for _, node := range leaders {
+		count[node]++
+		if count[node] > count[best] {
+			best = node
+		}
+	}
+	return best
+}
+
+// TestLeaderKilledMidBatch: while the relay publishes a steady flow, the
+// node leading most of the topic's partitions is killed with SIGKILL
+// (in-flight produce requests die with it; the controller moves leadership
+// to an in-sync replica), the flow goes on on the two left, and the node
+// comes back. Every event is applied exactly once, in per-key order.
+// Mutations that make it fail: acks=1 in kafkawriter (an acknowledged write
+// lost with the killed leader, when the new leader lacked it), marking rows
+// before the acknowledgement.
+func TestLeaderKilledMidBatch(t *testing.T) {
+	for _, kind := range []relayKind{pollingRelay, walRelay} {
+		t.Run(string(kind), func(t *testing.T) {
+			p := newPipeline(t, kind)
+			p.write(4)
+			p.progress(300, flowing)
+			victim := mostLeading(p.leaders(p.d.Topic))
+			t.Logf("killing node %d, leader of partitions %v", victim, p.leaders(p.d.Topic))
+			if err := p.kafka.Node(victim).Kill(); err != nil {
+				t.Fatal(err)
+			}
+			p.progress(300, flowing)
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+			defer cancel()
+			if err := p.kafka.Node(victim).Start(ctx); err != nil {
+				t.Fatal(err)
+			}
+			p.progress(100, flowing)
+			p.check(settling)
+		})
+	}
+}
+
+// TestCoordinatorKilledUnderConsumer: the node coordinating the consumer
+// group (and leading some partitions) is killed with SIGKILL while the
+// consumer handles and commits; the group finds its new coordinator, the
+// partitions their new leaders, and nothing is applied twice (the dedup
+// rows absorb what was applied but not yet committed) or lost.
+// Mutation that makes it fail: committing offsets before the database
+// commit (events of a rolled-back batch are then skipped: lost).
+func TestCoordinatorKilledUnderConsumer(t *testing.T) {
+	p := newPipeline(t, pollingRelay)
+	p.write(4)
+	p.progress(300, flowing)
+	victim := p.coordinator("faults")
+	t.Logf("killing node %d, coordinator of the group", victim)
+	if err := p.kafka.Node(victim).Kill(); err != nil {
+		t.Fatal(err)
+	}
+	p.progress(300, flowing)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := p.kafka.Node(victim).Start(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p.progress(100, flowing)
+	p.check(settling)
+}
+
+// TestAllBrokersDown: every node is killed and stays down for 30s while
+// the writers go on committing into the outbox; the relay's /readyz says
+// it is not ready while Kafka is unreachable, and once the nodes are back
+// the relay and the consumer resume on their own: the backlog drains,
+// nothing dead-lettered (an outage is not a poison message), nothing lost
+// or doubled.
+func TestAllBrokersDown(t *testing.T) {
+	for _, kind := range []relayKind{pollingRelay, walRelay} {
+		t.Run(string(kind), func(t *testing.T) {
+			p := newPipeline(t, kind)
+			p.write(2)
+			p.progress(200, flowing)
+			for _, n := range p.kafka.Nodes() {
+				if err := n.Kill(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			down := time.Now()
+			testenv.WaitFor(t, flowing, "the relay's /readyz to report Kafka down", func() (bool, string) {
+				ready, why := p.relayHealth()
+				return !ready, why
+			})
+			// The outage lasts 30s whatever the machine's speed: this is
+			// the fault's length, not a wait for a result.
+			time.Sleep(30*time.Second - time.Since(down))
+			written := p.total()
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+			defer cancel()
+			before := p.applied()
+			back := time.Now()
+			if err := p.kafka.StartAll(ctx); err != nil {
+				t.Fatal(err)
+			}
+			up := time.Now()
+			t.Logf("cluster answering %v after the restart began", up.Sub(back).Round(time.Millisecond))
+			testenv.WaitFor(t, flowing, "the first event applied after the restore", func() (bool, string) {
+				return p.applied() > before, "none yet"
+			})
+			t.Logf("first event applied %v after the cluster answered", time.Since(up).Round(time.Millisecond))
+			testenv.WaitFor(t, flowing, "the relay's /readyz to report ready again", func() (bool, string) {
+				return p.relayHealth()
+			})
+			testenv.WaitFor(t, settling, fmt.Sprintf("the %d events written by the end of the outage applied", written), func() (bool, string) {
+				n := p.applied()
+				return n >= written, fmt.Sprintf("%d applied", n)
+			})
+			t.Logf("what was written during the outage applied %v after the restart began", time.Since(back).Round(time.Millisecond))
+			p.check(settling)
+		})
+	}
+}
+
+// TestPartitionsGrow: the topic grows from 3 to 6 partitions while events
+// flow. Keys then map to other partitions (murmur2 of the key modulo the
+// count), so a key's new events can be consumed before its earlier ones
+// still waiting on the old partition: no relay can prevent that once the
+// operator grew the topic. What must hold: the relay says so at once
+// (an ERROR naming the topic and both counts), the consumer starts
+// consuming the new partitions on its own, and nothing is lost, applied
+// twice or dead-lettered. The order breaks, if any, are counted and
+// logged; the runbook ("Growing a topic") says how to grow a topic without
+// them (drain the consumers first).
+func TestPartitionsGrow(t *testing.T) {
+	p := newPipeline(t, pollingRelay)
+	p.reorderAllowed = true
+	p.write(4)
+	p.progress(300, flowing)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl := &kafka.Client{Addr: kafka.TCP(p.brokers...), Timeout: 30 * time.Second}
+	res, err := cl.CreatePartitions(ctx, &kafka.CreatePartitionsRequest{Topics: []kafka.TopicPartitionsConfig{{Name: p.d.Topic, Count: 6}}})
+	if err == nil {
+		err = res.Errors[p.d.Topic]
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	testenv.WaitFor(t, flowing, "the relay to report the grown topic", func() (bool, string) {
+		return p.logs.logged("topic partition count changed"), "not yet"
+	})
+	testenv.WaitFor(t, flowing, "the consumer to take the new partitions", func() (bool, string) {
+		h := p.consumer.Health()
+		return h.Partitions == 6, h.String()
+	})
+	p.progress(300, flowing)
+	p.check(settling)
+}
