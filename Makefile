@@ -15,7 +15,7 @@ export PATH := $(BIN):$(PATH)
 # everything that runs it end to end.
 RACE_PKGS   := ./runtime/... ./eventstest/... ./examples/... ./cmd/eventsctl/...
 
-.PHONY: all build generate check-generated test test-kafka lint demo bench tools clean
+.PHONY: all build generate check-generated test test-kafka lint demo bench bench-kafka tools clean
 
 all: build
 
@@ -78,11 +78,16 @@ demo: $(BUF)
 bench:
 	$(GO) run ./bench/report -count 5 -watermill-rounds 3
 
+## bench-kafka: the same report with every side (our relays and consumer, Watermill) on one
+## real Apache Kafka node instead of the embedded broker (JDK + Maven)
+bench-kafka:
+	$(GO) run ./internal/cmd/apachekafka -- $(GO) run ./bench/report -count 3 -watermill-rounds 3
+
 .PHONY: stall
 
-## stall: the longest stretch without progress of a 3-process consumer group under a kill every 4.5s (about 2 minutes)
+## stall: the longest stretch without progress of a 3-process consumer group under a kill every
+## 4.5s (about a minute); STALL=hb,session,rebalance tries other group timeouts, KAFKA=apache
+## runs it on a real Apache Kafka node (the real group coordinator)
+STALL ?= 1
 stall:
-	PROTOEVENTS_STALL=1 $(GO) test ./runtime/consumer/ -run '^TestRebalanceStall$$' -count=1 -v -timeout 10m | grep -E '^(rebalance stall|--- |ok|FAIL)'
-
-clean:
-	rm -rf $(BIN)
+	$(if $(filter apache,$(KAFKA)),$(GO) run ./internal/cmd/apachekafka --,) env PROTOEVENTS_STALL=$(STALL) $(GO) test ./runtime/consumer/ -run '^TestRebalanceStall$$' -count=1 -v -timeout 10m | grep -E '^(rebalance stall|--- |ok|FAIL)'

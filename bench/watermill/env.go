@@ -22,7 +22,8 @@ import (
 )
 
 // env is what every measurement shares: one Postgres server and one
-// in-process Kafka cluster, for both systems.
+// Kafka cluster ($PROTOEVENTS_KAFKA_BROKERS, else in-process), for both
+// systems.
 type env struct {
 	url     string
 	walURL  string // the logical server of the WAL measurements (wal.go); "" unless -only has wal
@@ -40,7 +41,9 @@ func startEnv(ctx context.Context, wal bool) (*env, error) {
 		e.url = pg.URL
 		e.stops = append(e.stops, func() { _ = pg.Stop() })
 	}
-	k, err := kafkacluster.StartFake()
+	// The brokers in PROTOEVENTS_KAFKA_BROKERS (make bench-kafka: a real
+	// Apache Kafka node), else in-process.
+	k, err := kafkacluster.Start()
 	if err != nil {
 		e.stop()
 		return nil, err

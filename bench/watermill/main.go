@@ -8,7 +8,8 @@
 //	go run . [-rounds 3] [-events 20000] [-workers 2] [-consume 5000] [-write 3s] [-e2e 3s] [-only drain,write,consume,e2e,wal] [-cpuprofile file]
 //
 // Postgres is $PROTOEVENTS_TEST_DATABASE_URL or, without it, a throwaway
-// cluster; Kafka is always in-process (kfake). It is its own module so the
+// cluster; Kafka is $PROTOEVENTS_KAFKA_BROKERS (make bench-kafka: a real
+// Apache Kafka node) or in-process (kfake). It is its own module so the
 // library never depends on Watermill.
 package main
 

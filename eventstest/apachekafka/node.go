@@ -177,6 +177,28 @@ func (n *Node) Kill() error {
 	return nil
 }
 
+// Pause freezes the node (SIGSTOP): its connections stay open but it
+// answers nothing, as a node in a long GC pause or on a stalled disk
+// would; as a follower it falls behind its leaders. Resume thaws it.
+func (n *Node) Pause() error { return n.send(syscall.SIGSTOP) }
+
+// Resume thaws a node frozen by Pause (SIGCONT).
+func (n *Node) Resume() error { return n.send(syscall.SIGCONT) }
+
+// send signals the node's process group without waiting.
+func (n *Node) send(sig syscall.Signal) error {
+	n.mu.Lock()
+	cmd := n.proc
+	n.mu.Unlock()
+	if cmd == nil || !n.Running() {
+		return fmt.Errorf("apachekafka: node %d is not running", n.id)
+	}
+	if err := syscall.Kill(-cmd.Process.Pid, sig); err != nil {
+		return fmt.Errorf("apachekafka: node %d: %s: %w", n.id, sig, err)
+	}
+	return nil
+}
+
 // Stop shuts the node down cleanly (SIGTERM: the broker hands its
 // partitions' leadership over first), or kills it after 20s or when ctx
 // ends. Start brings it back.

@@ -66,36 +66,48 @@ type healthState struct {
 	mu        sync.Mutex
 	dbErr     string
 	dbChecked time.Time
+
+	// db is the database as the background check sees it: a partition
+	// sleeping after a transient database failure wakes when the check
+	// sees the database back (docs/design.md, "Recovery at the speed of
+	// the dependency").
+	db health.Watch
 }
 
-// healthCheckInterval is how often Run checks the database for Health,
-// and healthCheckTimeout how long one check may take.
+// healthCheckInterval is how often Run checks the database for Health
+// (every health.RecheckInterval while it is down, and at once when a
+// partition meets a transient failure), and healthCheckTimeout how long
+// one check may take.
 const (
 	healthCheckInterval = 5 * time.Second
 	healthCheckTimeout  = 2 * time.Second
 )
 
-// checkDatabase pings the database every healthCheckInterval until ctx
-// ends, recording the outcome for Health.
+// checkDatabase checks the database until ctx ends (health.Watch.Run).
 func (c *Consumer) checkDatabase(ctx context.Context) {
-	for {
-		pctx, cancel := context.WithTimeout(ctx, healthCheckTimeout)
-		err := c.db.Ping(pctx)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		c.health.mu.Lock()
-		c.health.dbChecked = time.Now()
-		c.health.dbErr = ""
-		if err != nil {
-			c.health.dbErr = err.Error()
-		}
-		c.health.mu.Unlock()
-		if sleep(ctx, healthCheckInterval) != nil {
-			return
-		}
+	c.health.db.Run(ctx, healthCheckInterval, c.pingDatabase)
+}
+
+// pingDatabase is one database check: a ping, its outcome recorded for
+// Health.
+func (c *Consumer) pingDatabase(ctx context.Context) error {
+	pctx, cancel := context.WithTimeout(ctx, healthCheckTimeout)
+	err := c.db.Ping(pctx)
+	cancel()
+	if ctx.Err() != nil {
+		return ctx.Err()
 	}
+	c.health.mu.Lock()
+	c.health.dbChecked = time.Now()
+	c.health.dbErr = ""
+	if err != nil {
+		c.health.dbErr = err.Error()
+	}
+	c.health.mu.Unlock()
+	if err != nil {
+		return fmt.Errorf("consumer: database check: %w", err)
+	}
+	return nil
 }
 
 // Health reports the consumer's liveness and readiness. It does no I/O:

@@ -20,6 +20,7 @@ import (
 
 	"github.com/protoevents/protoevents/runtime/envelope"
 	"github.com/protoevents/protoevents/runtime/events"
+	"github.com/protoevents/protoevents/runtime/internal/health"
 )
 
 // partition is the state of one assigned partition during one generation.
@@ -269,6 +270,9 @@ func (p *partition) settleAfter(ctx context.Context, m kafka.Message, prior erro
 	for attempt := 1; ; {
 		d.Attempt = attempt
 		start := time.Now()
+		// Taken before the attempt, so that the database coming back while
+		// it fails still ends the sleep after it (health.Watch.Back).
+		dbBack := c.health.db.Back()
 		var (
 			dup bool
 			err error
@@ -316,7 +320,10 @@ func (p *partition) settleAfter(ctx context.Context, m kafka.Message, prior erro
 				level = slog.LevelError
 			}
 			p.log.Log(ctx, level, "consumer: transient database failure, retrying without counting an attempt", "offset", m.Offset, "event_id", env.EventID, "failures", infra, "err", err, "backoff", wait)
-			if err := sleep(p.soft, wait); err != nil {
+			// The background check looks at once, then often while the
+			// database is down; seeing it back, it ends this sleep.
+			c.health.db.Suspect()
+			if err := health.Sleep(p.soft, wait, dbBack); err != nil {
 				return err
 			}
 			continue

@@ -105,6 +105,9 @@
 // by its own work) and makes progress. Run waits for both at start, with
 // backoff, and never returns on an outage; repeated identical errors are
 // logged once and then summarised (WithLogInterval), recoveries are logged.
+// A failure against either has it checked at once, then every half second
+// while it is down; the check that sees it back ends the backoff the relay
+// is sleeping out, so it resumes within about half a second of the return.
 //
 // # Hooks and fault injection
 //

@@ -277,26 +277,13 @@ func (c relayConfig) liveTimeout() time.Duration {
 	return 2*c.backoffMax + idle + 2*time.Minute
 }
 
-// probe checks the database and the brokers every health interval until ctx
-// ends, recording the outcome (and logging changes) for Health.
-func (r *Relay) probe(ctx context.Context, kc *kafka.Client) {
-	t := time.NewTicker(r.cfg.healthInterval)
-	defer t.Stop()
-	for {
-		r.checkDatabase(ctx)
-		r.checkKafka(ctx, kc)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
 // probeTimeout bounds one health check.
 const probeTimeout = 5 * time.Second
 
-func (r *Relay) checkDatabase(ctx context.Context) {
+// checkDatabase is the database's health check: a query on the pending
+// index once the table is known (a ping before), its outcome recorded for
+// Health and returned to the Watch that runs it.
+func (r *Relay) checkDatabase(ctx context.Context) error {
 	cctx, cancel := context.WithTimeout(ctx, min(probeTimeout, r.cfg.healthInterval*2))
 	defer cancel()
 	r.health.mu.Lock()
@@ -315,7 +302,7 @@ func (r *Relay) checkDatabase(ctx context.Context) {
 		}
 	}
 	if ctx.Err() != nil {
-		return
+		return ctx.Err()
 	}
 	if err == nil {
 		r.health.mu.Lock()
@@ -323,15 +310,20 @@ func (r *Relay) checkDatabase(ctx context.Context) {
 		r.health.pending = pending
 		r.health.mu.Unlock()
 	}
-	r.dep(depDatabase, wrapProbe(depDatabase, err))
+	err = wrapProbe(depDatabase, err)
+	r.dep(depDatabase, err)
+	return err
 }
 
-func (r *Relay) checkKafka(ctx context.Context, kc *kafka.Client) {
+// checkKafka is the brokers' health check (pingKafka), its outcome
+// recorded for Health and returned to the Watch that runs it.
+func (r *Relay) checkKafka(ctx context.Context, kc *kafka.Client) error {
 	err := r.pingKafka(ctx, kc)
 	if ctx.Err() != nil {
-		return
+		return ctx.Err()
 	}
 	r.dep(depKafka, err)
+	return err
 }
 
 // pingKafka asks the brokers for their API versions: a real request and

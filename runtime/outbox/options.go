@@ -343,7 +343,8 @@ func WithShutdownGrace(d time.Duration) RelayOption {
 }
 
 // WithHealthInterval sets how often the relay checks that the database and
-// the brokers answer, for Health (default 5s).
+// the brokers answer, for Health (default 5s); one seen down is checked
+// every half second (or this interval, if shorter) until it answers.
 func WithHealthInterval(d time.Duration) RelayOption {
 	return relayFunc(func(c *relayConfig) {
 		if d <= 0 {

@@ -30,6 +30,7 @@ type outcome struct {
 	refusedTopics  []string
 	abandoned      bool // shutdown grace ran out: nothing to mark
 	wholeCallError bool // nothing went through and no topic was parked
+	unreachable    bool // a whole-call error for want of reaching the brokers (unreachable)
 }
 
 // pump relays batches, pipelined, until no row is left to claim, a
@@ -92,14 +93,14 @@ func (l *loop) pump(ctx context.Context) (int, error) {
 		}
 		if out.wholeCallError {
 			n, serr := l.settle(out)
-			perr := error(&depError{dep: depKafka, err: &publishError{out: out}})
-			var werrs kafka.WriteErrors
-			if errors.As(out.pubErr, &werrs) {
-				// The brokers answered, refusing every row: they are
-				// reachable, the rows are the problem.
-				perr = &depError{dep: depPublish, err: &publishError{out: out}}
+			// Either the brokers could not be reached, or they answered,
+			// refusing every row: then they are reachable, the rows are
+			// the problem.
+			dep := depPublish
+			if out.unreachable {
+				dep = depKafka
 			}
-			return total + n, errors.Join(perr, serr)
+			return total + n, errors.Join(&depError{dep: dep, err: &publishError{out: out}}, serr)
 		}
 		if out.pubErr != nil {
 			l.report(&publishError{out: out})
@@ -223,13 +224,38 @@ func (l *loop) judge(fl *flight) *outcome {
 		}
 	}
 	if fl.err != nil {
-		l.park(out.failing)
-		l.parkTopics(out.refusedTopics)
 		// Nothing went through and no topic was parked: the relay backs
-		// off as a whole (the failing keys stay parked as well).
+		// off as a whole. Keys the brokers refused stay parked as well;
+		// keys that failed for want of reaching the brokers are not at
+		// fault, and parked they would sit out their own backoff after
+		// the brokers are back, when the relay is woken to resume
+		// (docs/design.md, "Recovery at the speed of the dependency").
 		out.wholeCallError = len(out.acked) == 0 && len(out.refusedTopics) == 0
+		out.unreachable = out.wholeCallError && unreachable(fl.err)
+		if !out.unreachable {
+			l.park(out.failing)
+		}
+		l.parkTopics(out.refusedTopics)
 	}
 	return out
+}
+
+// unreachable reports whether a publish that failed as a whole failed to
+// reach the brokers rather than being refused by them: no per-message
+// error is a broker's answer (a kafka.Error) but network errors and
+// timeouts, or the call failed before producing (its metadata request).
+func unreachable(err error) bool {
+	var werrs kafka.WriteErrors
+	if !errors.As(err, &werrs) {
+		return true
+	}
+	for _, e := range werrs {
+		var ke kafka.Error
+		if errors.As(e, &ke) {
+			return false
+		}
+	}
+	return true
 }
 
 // settle marks a judged batch: the acknowledged rows published, the failed

@@ -14,6 +14,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/protoevents/protoevents/runtime/internal/faults"
+	"github.com/protoevents/protoevents/runtime/internal/health"
 	"github.com/protoevents/protoevents/runtime/internal/kafkawriter"
 )
 
@@ -31,6 +32,12 @@ type Relay struct {
 	health  healthState
 	folds   folder
 	tracer  batchTracer
+	guard   *kafkawriter.Guard // the writers' partitioner, shared: one warning per change
+	// dbWatch and kafkaWatch are the dependencies as Run's health checks
+	// see them: a sleep after a failure against one ends when its check
+	// sees it back (docs/design.md, "Recovery at the speed of the
+	// dependency").
+	dbWatch, kafkaWatch health.Watch
 }
 
 // NewRelay returns a relay for the outbox table (default "outbox") reached
@@ -82,6 +89,9 @@ func NewRelay(pool *pgxpool.Pool, brokers []string, opts ...RelayOption) (*Relay
 	}
 	log := c.logger.With("outbox", t.String())
 	r := &Relay{pool: pool, brokers: append([]string(nil), brokers...), table: t, cfg: c, log: log}
+	r.guard = &kafkawriter.Guard{Changed: func(topic string, was, now int) {
+		r.log.Error("outbox relay: "+kafkawriter.PartitionsMessage, "topic", topic, "partitions", now, "were", was)
+	}}
 	r.folds = folder{log: log, every: c.logInterval}
 	r.tracer = newBatchTracer(c.tracerProvider)
 	return r, nil
@@ -119,13 +129,14 @@ func (r *Relay) Run(ctx context.Context) error {
 	}
 	w := r.newKafkaWriter(tr)
 	kc := &kafka.Client{Addr: w.Addr, Transport: w.Transport}
+	// The health checks: one goroutine per dependency, every health
+	// interval, and more often while it is down (health.Watch.Run).
 	probeCtx, stopProbe := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		r.probe(probeCtx, kc)
-	}()
+	wg.Go(func() { r.dbWatch.Run(probeCtx, r.cfg.healthInterval, r.checkDatabase) })
+	wg.Go(func() {
+		r.kafkaWatch.Run(probeCtx, r.cfg.healthInterval, func(ctx context.Context) error { return r.checkKafka(ctx, kc) })
+	})
 	defer func() {
 		stopProbe()
 		wg.Wait()
@@ -205,6 +216,7 @@ func (r *Relay) resolveTable(ctx context.Context) (resolvedTable, error) {
 	bo := backoff{min: r.cfg.backoffMin, max: r.cfg.backoffMax}
 	for {
 		r.health.alive() // waiting for a dependency is not being stuck
+		back := r.dbWatch.Back()
 		rt, err := resolve(ctx, r.pool, r.table)
 		if err == nil {
 			r.dep(depDatabase, nil)
@@ -217,12 +229,13 @@ func (r *Relay) resolveTable(ctx context.Context) (resolvedTable, error) {
 			return rt, err
 		}
 		r.dep(depDatabase, err)
+		r.dbWatch.Suspect()
 		d := bo.next()
 		r.folds.warn(depDatabase, "outbox relay: waiting for the database", err, "backoff", d)
 		if f := r.cfg.hooks.PublishFailed; f != nil {
 			f(err)
 		}
-		sleep(ctx, d)
+		_ = health.Sleep(ctx, d, back)
 	}
 }
 
@@ -232,6 +245,7 @@ func (r *Relay) waitKafka(ctx context.Context, kc *kafka.Client) {
 	bo := backoff{min: r.cfg.backoffMin, max: r.cfg.backoffMax}
 	for ctx.Err() == nil {
 		r.health.alive()
+		back := r.kafkaWatch.Back()
 		err := r.pingKafka(ctx, kc)
 		if ctx.Err() != nil {
 			return
@@ -240,12 +254,13 @@ func (r *Relay) waitKafka(ctx context.Context, kc *kafka.Client) {
 		if err == nil {
 			return
 		}
+		r.kafkaWatch.Suspect()
 		d := bo.next()
 		r.folds.warn(depKafka, "outbox relay: waiting for the Kafka brokers", err, "brokers", r.brokers, "backoff", d)
 		if f := r.cfg.hooks.PublishFailed; f != nil {
 			f(err)
 		}
-		sleep(ctx, d)
+		_ = health.Sleep(ctx, d, back)
 	}
 }
 
@@ -258,7 +273,7 @@ func (r *Relay) newTransport() *kafka.Transport { return kafkawriter.Transport(r
 // sets BatchSize to each call's size.
 func (r *Relay) newKafkaWriter(tr *kafka.Transport) *kafka.Writer {
 	return kafkawriter.New(kafkawriter.Config{Brokers: r.brokers, Transport: tr, MaxAttempts: r.cfg.maxAttempts,
-		WriteTimeout: r.cfg.writeTimeout, BatchSize: r.cfg.batchSize})
+		WriteTimeout: r.cfg.writeTimeout, BatchSize: r.cfg.batchSize, Guard: r.guard})
 }
 
 // connConfig returns the pool's connection settings (search_path

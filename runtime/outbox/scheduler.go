@@ -8,6 +8,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/protoevents/protoevents/runtime/internal/faults"
+	"github.com/protoevents/protoevents/runtime/internal/health"
 )
 
 // farFuture is the next run of a periodic task a worker never runs.
@@ -31,6 +32,10 @@ type loop struct {
 	grace context.Context
 	s     *session
 	bo    backoff
+	// dbBack and kafkaBack close when the health checks see the
+	// dependency back (health.Watch.Back), as of the start of the current
+	// round: a failure of the round sleeps out its backoff on them.
+	dbBack, kafkaBack <-chan struct{}
 	// pace is the adaptive batch size and idle poll delay; only its
 	// methods change them.
 	pace pacer
@@ -77,6 +82,7 @@ func (l *loop) run(ctx context.Context) error {
 	}
 	for ctx.Err() == nil {
 		l.r.health.alive()
+		l.dbBack, l.kafkaBack = l.r.dbWatch.Back(), l.r.kafkaWatch.Back()
 		if l.s == nil {
 			s, err := connectSession(ctx, l.r.connConfig("protoevents-relay"), l.t)
 			if err != nil {
@@ -223,21 +229,32 @@ func (l *loop) claimDue() bool {
 }
 
 // failed reports err, records it in the health and sleeps for the next
-// backoff delay.
+// backoff delay. After a failure against the database or the brokers the
+// sleep ends early when the health check sees that dependency back (having
+// been asked to check at once): the relay resumes at the speed of the
+// dependency, not of a backoff grown during the outage.
 func (l *loop) failed(ctx context.Context, err error) {
 	if ctx.Err() != nil {
 		return
 	}
 	dep := depOf(err)
-	if dep == depDatabase || dep == depKafka {
+	var back <-chan struct{}
+	switch dep {
+	case depDatabase:
 		l.r.dep(dep, err)
+		l.r.dbWatch.Suspect()
+		back = l.dbBack
+	case depKafka:
+		l.r.dep(dep, err)
+		l.r.kafkaWatch.Suspect()
+		back = l.kafkaBack
 	}
 	d := l.bo.next()
 	l.r.folds.warn(dep, "outbox relay: retrying", err, "backoff", d)
 	if f := l.r.cfg.hooks.PublishFailed; f != nil {
 		f(err)
 	}
-	sleep(ctx, d)
+	_ = health.Sleep(ctx, d, back)
 }
 
 // report records a failure that needs no pause.

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/segmentio/kafka-go"
 )
 
 // state is what the health handlers and Status report.
@@ -151,4 +153,33 @@ func (r *Relay) watchLag(ctx context.Context, wm *watermark) {
 			f(st.LagBytes, behind)
 		}
 	}
+}
+
+// checkTimeout bounds one check of a dependency (Relay.dbWatch,
+// Relay.kafkaWatch).
+const checkTimeout = 5 * time.Second
+
+// pingDatabase is the database's check: a ping on the pool.
+func (r *Relay) pingDatabase(ctx context.Context) error {
+	cctx, cancel := context.WithTimeout(ctx, checkTimeout)
+	defer cancel()
+	if err := r.pool.Ping(cctx); err != nil {
+		return fmt.Errorf("walrelay: database check: %w", err)
+	}
+	return nil
+}
+
+// pingKafka is the brokers' check: an ApiVersions request and its answer,
+// so a broker that accepts connections but hangs counts as down.
+func pingKafka(ctx context.Context, kc *kafka.Client) error {
+	cctx, cancel := context.WithTimeout(ctx, checkTimeout)
+	defer cancel()
+	resp, err := kc.ApiVersions(cctx, &kafka.ApiVersionsRequest{})
+	if err == nil && resp.Error != nil {
+		err = resp.Error
+	}
+	if err != nil {
+		return fmt.Errorf("walrelay: kafka check: %w", err)
+	}
+	return nil
 }

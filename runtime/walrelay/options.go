@@ -44,6 +44,12 @@ type config struct {
 	log               *slog.Logger
 	hooks             Hooks
 	err               error
+
+	// The backoffs after a failed session (the database) and a failed
+	// publish (the brokers): the min doubling up to the max. Fixed; tests
+	// set them.
+	sessionRetryMin, sessionRetryMax time.Duration
+	publishRetryMin, publishRetryMax time.Duration
 }
 
 func newConfig(opts []Option) (config, error) {
@@ -52,7 +58,9 @@ func newConfig(opts []Option) (config, error) {
 		batchSize: 1000, lanes: 2, statusInterval: time.Second, heartbeat: 10 * time.Second,
 		standbyRetry: 2 * time.Second, stallTimeout: time.Minute, maxLagBytes: 1 << 30,
 		writeTimeout: 10 * time.Second, maxAttempts: 3, grace: 5 * time.Second,
-		log: slog.Default(),
+		log:             slog.Default(),
+		sessionRetryMin: 100 * time.Millisecond, sessionRetryMax: 10 * time.Second,
+		publishRetryMin: 50 * time.Millisecond, publishRetryMax: 5 * time.Second,
 	}
 	for _, o := range opts {
 		if o != nil {

@@ -2,11 +2,11 @@ package walrelay
 
 import (
 	"context"
-	"time"
 
 	"github.com/segmentio/kafka-go"
 
 	"github.com/protoevents/protoevents/runtime/internal/faults"
+	"github.com/protoevents/protoevents/runtime/internal/health"
 	"github.com/protoevents/protoevents/runtime/internal/kafkawriter"
 )
 
@@ -101,8 +101,9 @@ func (p *publisher) send(ctx context.Context, msgs []kafka.Message) bool {
 	// kafka-go reserves BatchSize messages per partition batch: sized to
 	// the call (docs/design.md, "The trickle path").
 	p.w.BatchSize = max(1, len(msgs))
-	backoff := 50 * time.Millisecond
+	backoff := p.r.cfg.publishRetryMin
 	for {
+		back := p.r.kafkaWatch.Back()
 		err := p.w.WriteMessages(ctx, msgs...)
 		if err == nil {
 			return true
@@ -115,11 +116,12 @@ func (p *publisher) send(ctx context.Context, msgs []kafka.Message) bool {
 			f(err)
 		}
 		p.r.cfg.log.Warn("walrelay: publish failed; sending the batch again", "records", len(msgs), "retry_in", backoff, "err", err)
-		select {
-		case <-time.After(backoff):
-		case <-ctx.Done():
+		// The brokers' check looks at once, then often while they are
+		// unreachable; seeing them back, it ends this sleep.
+		p.r.kafkaWatch.Suspect()
+		if health.Sleep(ctx, backoff, back) != nil {
 			return false
 		}
-		backoff = min(2*backoff, 5*time.Second)
+		backoff = min(2*backoff, p.r.cfg.publishRetryMax)
 	}
 }

@@ -29,6 +29,11 @@ type Relay struct {
 	brokers []string
 	cfg     config
 	state   state
+	// dbWatch and kafkaWatch are the dependencies as Run's checks see
+	// them: checked when a session or a publish fails, then often until
+	// they answer, which ends the backoff of the work waiting for them
+	// (docs/design.md, "Recovery at the speed of the dependency").
+	dbWatch, kafkaWatch health.Watch
 }
 
 // New returns a WAL relay that reads the slot (WithSlot) in the pool's
@@ -66,8 +71,28 @@ func (r *Relay) Run(ctx context.Context) error {
 		defer tr.CloseIdleConnections()
 	}
 	points := faults.WALRelayFrom(ctx)
-	backoff := 100 * time.Millisecond
+
+	// The checks run only after a failure, until the dependency answers
+	// (health.Watch.Run with no interval): the relay has no periodic
+	// health check of its own.
+	checkCtx, stopChecks := context.WithCancel(ctx)
+	var checks sync.WaitGroup
+	defer func() {
+		stopChecks()
+		checks.Wait()
+	}()
+	kc := &kafka.Client{Addr: kafka.TCP(r.brokers...)}
+	if tr != nil {
+		kc.Transport = tr // not a nil *Transport in the interface
+	}
+	checks.Go(func() { r.dbWatch.Run(checkCtx, 0, r.pingDatabase) })
+	checks.Go(func() { r.kafkaWatch.Run(checkCtx, 0, func(ctx context.Context) error { return pingKafka(ctx, kc) }) })
+
+	backoff := r.cfg.sessionRetryMin
 	for {
+		// Taken before the session, so that the database coming back
+		// while it fails still ends the sleep after it.
+		dbBack := r.dbWatch.Back()
 		err := r.session(ctx, tr, points)
 		var crash *crashError
 		if errors.As(err, &crash) {
@@ -79,7 +104,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		switch {
 		case errors.Is(err, errStandby):
 			r.state.standby(err)
-			backoff = 100 * time.Millisecond
+			backoff = r.cfg.sessionRetryMin
 			if !sleep(ctx, r.cfg.standbyRetry) {
 				return nil
 			}
@@ -90,10 +115,11 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		r.state.failed(err)
 		r.cfg.log.Warn("walrelay: session ended; reconnecting", "slot", r.cfg.slot, "retry_in", backoff, "err", err)
-		if !sleep(ctx, backoff) {
+		r.dbWatch.Suspect()
+		if health.Sleep(ctx, backoff, dbBack) != nil {
 			return nil
 		}
-		backoff = min(2*backoff, 10*time.Second)
+		backoff = min(2*backoff, r.cfg.sessionRetryMax)
 	}
 }
 
@@ -160,11 +186,14 @@ func (r *Relay) session(ctx context.Context, tr *kafka.Transport, points faults.
 	defer cancelPublish()
 	crashed := make(chan error, 1)
 	lanes := make([]chan part, r.cfg.lanes)
+	guard := &kafkawriter.Guard{Changed: func(topic string, was, now int) {
+		r.cfg.log.Error("walrelay: "+kafkawriter.PartitionsMessage, "topic", topic, "partitions", now, "were", was)
+	}}
 	var publishers sync.WaitGroup
 	for l := range lanes {
 		lanes[l] = make(chan part, 2*r.cfg.batchSize)
 		p := &publisher{r: r, w: kafkawriter.New(kafkawriter.Config{Brokers: r.brokers, Transport: tr, MaxAttempts: r.cfg.maxAttempts,
-			WriteTimeout: r.cfg.writeTimeout, BatchSize: r.cfg.batchSize}), wm: wm, in: lanes[l], stop: stop, points: points,
+			WriteTimeout: r.cfg.writeTimeout, BatchSize: r.cfg.batchSize, Guard: guard}), wm: wm, in: lanes[l], stop: stop, points: points,
 			crash: func(err error) {
 				select {
 				case crashed <- err:

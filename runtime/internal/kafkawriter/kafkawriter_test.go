@@ -13,7 +13,9 @@ import (
 // sighting.
 func TestGuardPartitionsLikeMurmur2AndReportsChanges(t *testing.T) {
 	var changes []string
-	g := &Guard{Changed: func(topic string, was, now int) { changes = append(changes, fmt.Sprintf("%s:%d→%d", topic, was, now)) }}
+	g := &Guard{Changed: func(topic string, was, now int) {
+		changes = append(changes, fmt.Sprintf("%s:%d→%d", topic, was, now))
+	}}
 	three, six := []int{0, 1, 2}, []int{0, 1, 2, 3, 4, 5}
 	for i := range 100 {
 		m := kafka.Message{Topic: "a", Key: []byte(fmt.Sprint("k", i))}
