@@ -29,8 +29,11 @@ func ServerURL(t testing.TB) string { t.Helper(); return servers.ServerURL(t) }
 // the test ends) and the schema's name. New does the same and migrates it.
 func DB(t testing.TB) (*pgxpool.Pool, string) { t.Helper(); return servers.DB(t) }
 
-// Kafka returns the cluster named in $PROTOEVENTS_KAFKA_BROKERS, or a new
-// in-process one closed when the test ends.
+// Kafka returns the cluster named in $PROTOEVENTS_KAFKA_BROKERS, the test
+// binary's real Apache Kafka node ($PROTOEVENTS_TEST_KAFKA=apache), or a new
+// in-process one closed when the test ends. On a shared cluster, use
+// Cluster.Group for consumer group IDs: a real broker keeps groups and
+// their offsets across tests.
 func Kafka(t testing.TB, opts ...kfake.Opt) *kafkacluster.Cluster {
 	t.Helper()
 	return servers.Kafka(t, opts...)

@@ -17,6 +17,10 @@ import (
 // into; without it, the user's cache directory (~/.cache/protoevents/kafka).
 const EnvCache = "PROTOEVENTS_KAFKA_CACHE"
 
+// dependencyPlugin is the maven-dependency-plugin version Fetch runs,
+// pinned so a clean Maven repository resolves the same plugin every time.
+const dependencyPlugin = "3.8.1"
+
 var versionPattern = regexp.MustCompile(`^[0-9]+\.[0-9]+\.[0-9]+$`)
 
 // pom is the Maven project that fetches one broker version with its
@@ -61,7 +65,7 @@ func Prerequisites() error {
 	if len(missing) == 0 {
 		return nil
 	}
-	return fmt.Errorf("apachekafka: %s not found on PATH: the real-broker tier runs Apache Kafka from Maven Central; install them (Debian: apt-get install openjdk-17-jdk-headless maven) or use the embedded broker", strings.Join(missing, " and "))
+	return fmt.Errorf("apachekafka: %s not found on PATH: the real-broker tier runs Apache Kafka from Maven Central; install them (Debian: apt-get install default-jdk-headless maven) or use the embedded broker", strings.Join(missing, " and "))
 }
 
 // Fetch makes sure the jars of Apache Kafka version are in the cache and
@@ -108,7 +112,8 @@ func Fetch(ctx context.Context, version string) (string, error) {
 		return "", fmt.Errorf("apachekafka: %w", err)
 	}
 	cmd := exec.CommandContext(ctx, "mvn", "-q", "-B", "-f", pomPath,
-		"dependency:copy-dependencies", "-DincludeScope=runtime", "-DoutputDirectory="+libs)
+		"org.apache.maven.plugins:maven-dependency-plugin:"+dependencyPlugin+":copy-dependencies",
+		"-DincludeScope=runtime", "-DoutputDirectory="+libs)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Run(); err != nil {

@@ -68,9 +68,9 @@ func (n *Node) java(args ...string) *exec.Cmd {
 	}, args...)
 	cmd := exec.Command("java", all...)
 	cmd.Dir = n.dir
-	// Its own process group, and SIGKILL when the owner dies: a test that
-	// crashes leaves no broker behind.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	// Its own process group, and (on Linux) SIGKILL when the owner dies: a
+	// test that crashes leaves no broker behind.
+	cmd.SysProcAttr = procAttr()
 	return cmd
 }
 

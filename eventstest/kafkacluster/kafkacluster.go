@@ -11,6 +11,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -33,6 +34,9 @@ type Cluster struct {
 	Fake *kfake.Cluster
 
 	namespace string
+
+	mu        sync.Mutex
+	transport *kafka.Transport // Client's, made on first use and closed by Close
 }
 
 // Shared returns a handle on the cluster at brokers for one test among
@@ -87,18 +91,30 @@ func StartFake(opts ...kfake.Opt) (*Cluster, error) {
 	return &Cluster{Brokers: f.ListenAddrs(), Fake: f}, nil
 }
 
-// Close stops an in-process cluster; a real one is left alone.
+// Close stops an in-process cluster (a real one is left alone) and closes
+// the connections of Client.
 func (c *Cluster) Close() {
+	c.mu.Lock()
+	if c.transport != nil {
+		c.transport.CloseIdleConnections()
+		c.transport = nil
+	}
+	c.mu.Unlock()
 	if c.Fake != nil {
 		c.Fake.Close()
 	}
 }
 
-// Client returns a kafka-go admin client for the cluster.
+// Client returns a kafka-go admin client for the cluster, on a transport
+// of this handle's own (kafka-go's default transport pools connections
+// across every caller in the process) that Close closes.
 func (c *Cluster) Client() *kafka.Client {
-	// A transport of its own: kafka-go's shared default transport pools
-	// connections across every caller in the process.
-	return &kafka.Client{Addr: kafka.TCP(c.Brokers...), Transport: &kafka.Transport{}, Timeout: 10 * time.Second}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.transport == nil {
+		c.transport = &kafka.Transport{}
+	}
+	return &kafka.Client{Addr: kafka.TCP(c.Brokers...), Transport: c.transport, Timeout: 10 * time.Second}
 }
 
 // CreateTopics creates topics with the given number of partitions; topics

@@ -74,8 +74,9 @@ func Main(m *testing.M) {
 	os.Exit(code)
 }
 
-// RealKafka reports whether the tests run on real Apache Kafka brokers
-// (the real tier) rather than the in-process kfake.
+// RealKafka reports whether the tests' Kafka is a real cluster (the
+// brokers in $PROTOEVENTS_KAFKA_BROKERS, or the real tier's Apache Kafka)
+// rather than the in-process kfake.
 func RealKafka() bool {
 	return kafkacluster.EnvBrokerList() != nil || os.Getenv(EnvTestKafka) == "apache"
 }
@@ -181,7 +182,9 @@ func DB(t testing.TB) (*pgxpool.Pool, string) {
 func Kafka(t testing.TB, opts ...kfake.Opt) *kafkacluster.Cluster {
 	t.Helper()
 	if brokers := kafkacluster.EnvBrokerList(); brokers != nil {
-		return kafkacluster.Shared(brokers, randomSuffix())
+		c := kafkacluster.Shared(brokers, randomSuffix())
+		t.Cleanup(c.Close)
+		return c
 	}
 	if os.Getenv(EnvTestKafka) == "apache" {
 		apache.once.Do(func() {
@@ -192,7 +195,9 @@ func Kafka(t testing.TB, opts ...kfake.Opt) *kafkacluster.Cluster {
 		if apache.err != nil {
 			t.Fatalf("servers: %v", apache.err)
 		}
-		return kafkacluster.Shared(apache.cluster.Brokers(), randomSuffix())
+		c := kafkacluster.Shared(apache.cluster.Brokers(), randomSuffix())
+		t.Cleanup(c.Close)
+		return c
 	}
 	c, err := kafkacluster.Start(opts...)
 	if err != nil {
@@ -209,7 +214,9 @@ func Kafka(t testing.TB, opts ...kfake.Opt) *kafkacluster.Cluster {
 func OwnKafka(t testing.TB, opts ...kfake.Opt) *kafkacluster.Cluster {
 	t.Helper()
 	if os.Getenv(EnvTestKafka) == "apache" {
-		return &kafkacluster.Cluster{Brokers: ApacheKafka(t, 1).Brokers()}
+		c := &kafkacluster.Cluster{Brokers: ApacheKafka(t, 1).Brokers()}
+		t.Cleanup(c.Close)
+		return c
 	}
 	return FakeKafka(t, opts...)
 }

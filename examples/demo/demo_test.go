@@ -70,8 +70,11 @@ func demoFlow(t *testing.T, pool *pgxpool.Pool, relay string) {
 	if rep.DuplicatesAbsorbed == 0 {
 		t.Error("no duplicates absorbed, though the relay re-sent a batch and the consumer crashed before an offset commit")
 	}
-	// One copy, or two when the poison was in the batch the relay re-sent.
-	if n := len(rep.DLQEntries); rep.DeadLettered != int64(n) || n < 1 || n > 2 || string(rep.DLQEntries[0].Key) != rep.PoisonOrderID ||
+	// One copy, or two when the poison was in the batch the relay re-sent
+	// or the consumer crashed between the DLQ publish and its offset
+	// commit (the DLQ is at-least-once; the hook fires once per commit, so
+	// it may count one copy fewer).
+	if n := len(rep.DLQEntries); rep.DeadLettered < 1 || rep.DeadLettered > int64(n) || n < 1 || n > 2 || string(rep.DLQEntries[0].Key) != rep.PoisonOrderID ||
 		rep.DLQEntries[n-1].EventID != rep.DLQEntries[0].EventID {
 		t.Fatalf("DLQ: %d dead-lettered, entries %+v; want the poison order %s once or twice", rep.DeadLettered, rep.DLQEntries, rep.PoisonOrderID)
 	}

@@ -3,6 +3,7 @@ package brokerfaults
 import (
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -136,8 +137,10 @@ func TestCoordinatorKilledUnderConsumer(t *testing.T) {
 }
 
 // TestAllBrokersDown: every node is killed and stays down for 30s while
-// the writers go on committing into the outbox; the relay's /readyz says
-// it is not ready while Kafka is unreachable, and once the nodes are back
+// the writers go on committing into the outbox; the relay's and the
+// consumer's /readyz say they are not ready while Kafka is unreachable
+// (mutation: the consumer's broker check left out of its readiness, as it
+// was: ready for the whole outage), and once the nodes are back
 // the relay and the consumer resume on their own: the backlog drains,
 // nothing dead-lettered (an outage is not a poison message), nothing lost
 // or doubled.
@@ -156,6 +159,10 @@ func TestAllBrokersDown(t *testing.T) {
 			testenv.WaitFor(t, flowing, "the relay's /readyz to report Kafka down", func() (bool, string) {
 				ready, why := p.relayHealth()
 				return !ready, why
+			})
+			testenv.WaitFor(t, flowing, "the consumer's /readyz to report Kafka down", func() (bool, string) {
+				ready, why := testenv.Ready(p.consumer.ReadyHandler())
+				return !ready && strings.Contains(why, "kafka unreachable"), why
 			})
 			// The outage lasts 30s whatever the machine's speed: this is
 			// the fault's length, not a wait for a result.
@@ -176,6 +183,9 @@ func TestAllBrokersDown(t *testing.T) {
 			t.Logf("first event applied %v after the cluster answered", time.Since(up).Round(time.Millisecond))
 			testenv.WaitFor(t, flowing, "the relay's /readyz to report ready again", func() (bool, string) {
 				return p.relayHealth()
+			})
+			testenv.WaitFor(t, flowing, "the consumer's /readyz to report ready again", func() (bool, string) {
+				return testenv.Ready(p.consumer.ReadyHandler())
 			})
 			testenv.WaitFor(t, settling, fmt.Sprintf("the %d events written by the end of the outage applied", written), func() (bool, string) {
 				n := p.applied()
@@ -213,7 +223,7 @@ func TestPartitionsGrow(t *testing.T) {
 		t.Fatal(err)
 	}
 	testenv.WaitFor(t, flowing, "the relay to report the grown topic", func() (bool, string) {
-		return p.logs.logged("topic partition count changed"), "not yet"
+		return p.logs.logged("ERROR", "topic partition count changed", "topic="+p.d.Topic, "partitions=6", "were=3"), "not yet"
 	})
 	testenv.WaitFor(t, flowing, "the consumer to take the new partitions", func() (bool, string) {
 		h := p.consumer.Health()

@@ -71,8 +71,9 @@ type pipeline struct {
 	writeErrs atomic.Int64
 }
 
-// capture keeps the messages logged at Info and above, and passes records
-// on to stderr as the test's verbosity asks.
+// capture keeps the records logged at Info and above (as "LEVEL message
+// key=value ..."), and passes records on to stderr as the test's verbosity
+// asks.
 type capture struct {
 	slog.Handler
 	mu   *sync.Mutex
@@ -93,8 +94,10 @@ func (c *capture) Enabled(context.Context, slog.Level) bool { return true }
 
 func (c *capture) Handle(ctx context.Context, r slog.Record) error {
 	if r.Level >= slog.LevelInfo {
+		line := r.Level.String() + " " + r.Message
+		r.Attrs(func(a slog.Attr) bool { line += " " + a.String(); return true })
 		c.mu.Lock()
-		*c.msgs = append(*c.msgs, r.Message)
+		*c.msgs = append(*c.msgs, line)
 		c.mu.Unlock()
 	}
 	if c.Handler.Enabled(ctx, r.Level) {
@@ -111,12 +114,17 @@ func (c *capture) WithGroup(name string) slog.Handler {
 	return &capture{Handler: c.Handler.WithGroup(name), mu: c.mu, msgs: c.msgs}
 }
 
-// logged reports whether a message containing s was logged.
-func (c *capture) logged(s string) bool {
+// logged reports whether a record containing every one of parts was
+// logged.
+func (c *capture) logged(parts ...string) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, m := range *c.msgs {
-		if strings.Contains(m, s) {
+		all := true
+		for _, s := range parts {
+			all = all && strings.Contains(m, s)
+		}
+		if all {
 			return true
 		}
 	}
@@ -182,10 +190,17 @@ func (p *pipeline) run(what string, fn func(context.Context) error) {
 	done := make(chan error, 1)
 	go func() { done <- fn(ctx) }()
 	p.t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil && ctx.Err() == nil {
-			p.t.Errorf("%s: %v", what, err)
+		// An error Run returned on its own, before the test stopped it, is
+		// a failure; after cancel, Run's return is its graceful stop.
+		select {
+		case err := <-done:
+			p.t.Errorf("%s stopped on its own: %v", what, err)
+			cancel()
+			return
+		default:
 		}
+		cancel()
+		<-done
 	})
 }
 
@@ -359,6 +374,7 @@ func (p *pipeline) check(within time.Duration) {
 	if n := testenv.CountRecords(p.t, p.brokers, p.d.DLQTopic, partitions); n != 0 {
 		p.t.Fatalf("%d messages dead-lettered for an infrastructure fault, want 0", n)
 	}
+	// (The WAL relay's writer inserts no rows: for it the table is empty.)
 	var pending int
 	if err := p.pool.QueryRow(ctx, `SELECT count(*) FROM outbox WHERE published_at IS NULL`).Scan(&pending); err != nil {
 		p.t.Fatal(err)

@@ -9,13 +9,17 @@ package testenv
 
 import (
 	"context"
+	"errors"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/twmb/franz-go/pkg/kfake"
+	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/protoevents/protoevents/eventstest/pgcluster"
 )
@@ -64,4 +68,19 @@ func Ready(h http.Handler) (bool, string) {
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
 	return rec.Code == http.StatusOK, strings.TrimSpace(rec.Body.String())
+}
+
+// KafkaOutage returns a switch for an outage of the in-process cluster c:
+// while it is on, every request to its brokers fails (as if they were
+// down), and they answer again once it is off.
+func KafkaOutage(c *kfake.Cluster) *atomic.Bool {
+	var down atomic.Bool
+	c.Control(func(kmsg.Request) (kmsg.Response, error, bool) {
+		c.KeepControl()
+		if down.Load() {
+			return nil, errors.New("broker down"), true
+		}
+		return nil, nil, false
+	})
+	return &down
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/events"
 )
 
@@ -49,7 +50,7 @@ func TestBatchIsolatesFailingEvents(t *testing.T) {
 		DeadLettered: func(DeadLetter) { dead.inc() },
 	}))
 	r := start(t, c)
-	waitFor(t, 60*time.Second, "every good event applied", func() (bool, string) {
+	testenv.WaitFor(t, 60*time.Second, "every good event applied", func() (bool, string) {
 		n := query(t, b.pool, `SELECT count(*) FROM batch_effects`)
 		return n >= total-1, fmt.Sprint(n)
 	})
@@ -122,7 +123,7 @@ func TestBatchSavepointVariants(t *testing.T) {
 		return nil
 	})
 	r := start(t, b.newConsumer(t, "sp", h, WithMaxBatch(16)))
-	waitFor(t, 60*time.Second, "every event applied", func() (bool, string) {
+	testenv.WaitFor(t, 60*time.Second, "every event applied", func() (bool, string) {
 		n := query(t, b.pool, `SELECT count(*) FROM sp_effects`)
 		return n == total, fmt.Sprint(n)
 	})

@@ -253,6 +253,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		bg.Go(func() { c.pruneLoop(ctx) })
 	}
 	bg.Go(func() { c.checkDatabase(ctx) })
+	bg.Go(func() { c.checkKafka(ctx) })
 	c.watch = newAssignWatch(c.topics)
 	if c.s.unassignedWarn > 0 {
 		bg.Go(func() { c.watchAssignments(ctx) })

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/envelope"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/faultinject"
@@ -32,7 +33,7 @@ func TestDuplicateDelivery(t *testing.T) {
 	}))
 	r := start(t, c)
 	b.effectsAtLeast(t, 2, 20*time.Second)
-	waitFor(t, 10*time.Second, "duplicate hook", func() (bool, string) { return dups.get() == 1, fmt.Sprint(dups.get()) })
+	testenv.WaitFor(t, 10*time.Second, "duplicate hook", func() (bool, string) { return dups.get() == 1, fmt.Sprint(dups.get()) })
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +137,7 @@ func TestRetriesThenDLQ(t *testing.T) {
 	r := start(t, c)
 	entries := b.dlqEntries(t, 4, 30*time.Second)
 	b.effectsAtLeast(t, 2, 10*time.Second)
-	waitFor(t, 10*time.Second, "alert hooks", func() (bool, string) { return dead.Load() == 4, fmt.Sprint(dead.Load()) })
+	testenv.WaitFor(t, 10*time.Second, "alert hooks", func() (bool, string) { return dead.Load() == 4, fmt.Sprint(dead.Load()) })
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -351,7 +352,7 @@ func TestRedrive(t *testing.T) {
 	if _, err := Redrive(ctx, b.kafka.Brokers, b.d.DLQTopic, SelectAll()); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 20*time.Second, "duplicate of the redriven event", func() (bool, string) { return dups.get() == 1, fmt.Sprint(dups.get()) })
+	testenv.WaitFor(t, 20*time.Second, "duplicate of the redriven event", func() (bool, string) { return dups.get() == 1, fmt.Sprint(dups.get()) })
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}
@@ -447,7 +448,7 @@ func TestDLQPublishFailureHoldsOffset(t *testing.T) {
 	}
 	entries := b.dlqEntries(t, 1, 30*time.Second)
 	b.effectsAtLeast(t, 1, 20*time.Second)
-	waitFor(t, 10*time.Second, "offset commit", func() (bool, string) { off := committed(); return off == 2, fmt.Sprint(off) })
+	testenv.WaitFor(t, 10*time.Second, "offset commit", func() (bool, string) { off := committed(); return off == 2, fmt.Sprint(off) })
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -22,6 +22,7 @@ import (
 
 	"github.com/protoevents/protoevents/eventstest/kafkacluster"
 	"github.com/protoevents/protoevents/eventstest/servers"
+	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/events"
 )
 
@@ -202,7 +203,7 @@ func TestCrashKill(t *testing.T) {
 	// dedup rows' locks against the next consumer.
 	killFrozen := func(cmd *exec.Cmd) {
 		kill(cmd)
-		waitFor(t, time.Minute, "the killed consumer's sessions to end", func() (bool, string) {
+		testenv.WaitFor(t, time.Minute, "the killed consumer's sessions to end", func() (bool, string) {
 			n := query(t, b.pool, `SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1) x`, childApp(b.schema))
 			return n == 0, fmt.Sprintf("%d sessions left", n)
 		})
@@ -232,7 +233,7 @@ func TestCrashKill(t *testing.T) {
 			commitEvery = time.Hour
 		}
 		cmd := spawn(commitEvery)
-		waitFor(t, 3*time.Minute, fmt.Sprintf("consumer %d to apply events past %d and reach the gate at %d", round+1, prev, target), func() (bool, string) {
+		testenv.WaitFor(t, 3*time.Minute, fmt.Sprintf("consumer %d to apply events past %d and reach the gate at %d", round+1, prev, target), func() (bool, string) {
 			got := applied()
 			return got > prev && gateWaiters() > 0, fmt.Sprintf("%d applied\n%s", got, logs.String())
 		})
@@ -250,7 +251,7 @@ func TestCrashKill(t *testing.T) {
 	openGate()
 	cmd := spawn(50 * time.Millisecond)
 	defer kill(cmd)
-	waitFor(t, 3*time.Minute, "all events applied", func() (bool, string) {
+	testenv.WaitFor(t, 3*time.Minute, "all events applied", func() (bool, string) {
 		got := query(t, b.pool, `SELECT count(DISTINCT event_id) FROM effects`)
 		return got >= n, strconv.FormatInt(got, 10) + " applied\n" + logs.String()
 	})

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/envelope"
 	"github.com/protoevents/protoevents/runtime/events"
 	"github.com/protoevents/protoevents/runtime/topics"
@@ -50,11 +51,11 @@ func TestRedriveIsOnlyForTheConsumerThatFailed(t *testing.T) {
 	if err != nil || len(redriven) != 1 {
 		t.Fatalf("redrive: %v, %v", redriven, err)
 	}
-	waitFor(t, 20*time.Second, "a applies the redriven event", func() (bool, string) {
+	testenv.WaitFor(t, 20*time.Second, "a applies the redriven event", func() (bool, string) {
 		n := query(t, b.pool, `SELECT count(*) FROM effects WHERE consumer = 'a' AND n = 1`)
 		return n == 1, fmt.Sprint(n)
 	})
-	waitFor(t, 20*time.Second, "b skips the redriven event", func() (bool, string) { return dupB.get() == 1, fmt.Sprint(dupB.get()) })
+	testenv.WaitFor(t, 20*time.Second, "b skips the redriven event", func() (bool, string) { return dupB.get() == 1, fmt.Sprint(dupB.get()) })
 	if n := query(t, b.pool, `SELECT count(*) FROM effects WHERE consumer = 'b' AND n = 1`); n != 1 {
 		t.Fatalf("consumer b applied the event %d times, want once", n)
 	}
@@ -121,7 +122,7 @@ func TestCommitWithLostAckIsNotAFailure(t *testing.T) {
 			Retry:        func(events.Delivery, error, time.Duration) { retries.inc() },
 		}))
 	r := start(t, c)
-	waitFor(t, 20*time.Second, "both events processed", func() (bool, string) { return processed.get() == 2, fmt.Sprint(processed.get()) })
+	testenv.WaitFor(t, 20*time.Second, "both events processed", func() (bool, string) { return processed.get() == 2, fmt.Sprint(processed.get()) })
 	if err := r.stop(); err != nil {
 		t.Fatal(err)
 	}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/protoevents/protoevents/eventstest/servers"
+	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/events"
 )
 
@@ -109,7 +110,7 @@ func TestSlowHandlerPausesFetching(t *testing.T) {
 	mu.Unlock()
 	free()
 	b.effectsAtLeast(t, total, time.Minute)
-	waitFor(t, time.Minute, "the lag to fall to zero", func() (bool, string) {
+	testenv.WaitFor(t, time.Minute, "the lag to fall to zero", func() (bool, string) {
 		mu.Lock()
 		defer mu.Unlock()
 		last := lags[len(lags)-1]

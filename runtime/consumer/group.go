@@ -547,7 +547,8 @@ func ResetGroup(ctx context.Context, brokers []string, group string, topics []st
 // coordinator is moving or loading (a broker restarted, the offsets topic's
 // leadership changed): a real broker answers so for a few seconds, and an
 // operator's describe or reset should wait that out, not fail. It gives up
-// after 30s or when ctx ends, returning the last error.
+// after 30s, returning the last error, or when ctx ends, returning ctx's
+// error wrapped with the last one.
 func retryCoordinator(ctx context.Context, fn func() error) error {
 	deadline := time.Now().Add(30 * time.Second)
 	wait := 100 * time.Millisecond
@@ -560,7 +561,7 @@ func retryCoordinator(ctx context.Context, fn func() error) error {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return err
+			return fmt.Errorf("%w (last: %w)", ctx.Err(), err)
 		case <-t.C:
 		}
 		wait = min(2*wait, time.Second)

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -29,7 +30,7 @@ func (b *bundle) describe(t testing.TB, name string, topics ...string) GroupStat
 func (b *bundle) waitGroup(t testing.TB, name, what string, cond func(GroupStatus) bool) GroupStatus {
 	t.Helper()
 	var st GroupStatus
-	waitFor(t, 30*time.Second, what, func() (bool, string) {
+	testenv.WaitFor(t, 30*time.Second, what, func() (bool, string) {
 		st = b.describe(t, name)
 		return cond(st), fmt.Sprintf("%+v", st)
 	})

@@ -183,7 +183,7 @@ func TestConsumerHandlesSeveralEvents(t *testing.T) {
 	b.effectsAtLeast(t, 10, 30*time.Second)
 	dl1 := b.dlqEntries(t, 1, 30*time.Second)
 	var dl2 []DLQEntry
-	waitFor(t, 30*time.Second, "other DLQ entry", func() (bool, string) {
+	testenv.WaitFor(t, 30*time.Second, "other DLQ entry", func() (bool, string) {
 		dl2, err = ListDLQ(ctx, b.kafka.Brokers, d2.DLQTopic)
 		return err == nil && len(dl2) == 1, fmt.Sprint(len(dl2), err)
 	})
@@ -280,7 +280,7 @@ func TestWaitForTopics(t *testing.T) {
 	defer cancel()
 	errc := make(chan error, 1)
 	go func() { errc <- s.Run(ctx) }()
-	waitFor(t, 30*time.Second, "two warnings", func() (bool, string) {
+	testenv.WaitFor(t, 30*time.Second, "two warnings", func() (bool, string) {
 		n := sink.count("WARN", "waiting for topics", d2.Topic, d2.DLQTopic)
 		return n >= 2, fmt.Sprint(n)
 	})
@@ -306,7 +306,7 @@ func TestWaitForTopics(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.effectsAtLeast(t, 1, 30*time.Second)
-	waitFor(t, 30*time.Second, "ready once the topics exist", func() (bool, string) {
+	testenv.WaitFor(t, 30*time.Second, "ready once the topics exist", func() (bool, string) {
 		code, body := probeHandler(t, s.ReadyHandler())
 		return code == http.StatusOK, body
 	})
@@ -351,7 +351,7 @@ func TestUnassignedTopicWarns(t *testing.T) {
 	// warning while the other holds the partition.
 	warns := func(i int) int { return sinks[i].count("WARN", "no partition of topic assigned", b.topic) }
 	before := []int{warns(0), warns(1)}
-	waitFor(t, 60*time.Second, "repeated unassigned-topic warnings", func() (bool, string) {
+	testenv.WaitFor(t, 60*time.Second, "repeated unassigned-topic warnings", func() (bool, string) {
 		return warns(0)-before[0] >= 2 || warns(1)-before[1] >= 2, fmt.Sprint(before, warns(0), warns(1))
 	})
 }

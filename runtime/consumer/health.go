@@ -20,8 +20,9 @@ type Health struct {
 	Live bool
 	// Ready is true when the consumer is live, has joined its group (its
 	// partitions started, the first generation handed out), its topics
-	// exist, and the database answered the last check and no partition is
-	// retrying a transient database failure. Problems says why not.
+	// exist, the brokers and the database answered their last checks and
+	// no partition is retrying a transient database failure. Problems says
+	// why not.
 	Ready bool
 	// Problems are the reasons for not being live or ready, for people.
 	Problems []string
@@ -72,6 +73,13 @@ type healthState struct {
 	// sees the database back (docs/design.md, "Recovery at the speed of
 	// the dependency").
 	db health.Watch
+
+	kafkaErr string // the last broker check's error, "" when it answered
+	// kafka is the brokers as the background check sees them, for
+	// readiness: kafka-go's group loop only logs a failed join and keeps
+	// the last generation, so without it /readyz said ready for the whole
+	// of a broker outage.
+	kafka health.Watch
 }
 
 // healthCheckInterval is how often Run checks the database for Health
@@ -110,6 +118,30 @@ func (c *Consumer) pingDatabase(ctx context.Context) error {
 	return nil
 }
 
+// checkKafka checks the brokers until ctx ends: a metadata request for the
+// consumed topics (which never creates them), every healthCheckInterval and
+// every health.RecheckInterval while they do not answer.
+func (c *Consumer) checkKafka(ctx context.Context) {
+	c.health.kafka.Run(ctx, healthCheckInterval, func(ctx context.Context) error {
+		cctx, cancel := context.WithTimeout(ctx, healthCheckTimeout)
+		_, err := partitionCounts(cctx, c.s.dialer, c.brokers, c.topics)
+		cancel()
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		c.health.mu.Lock()
+		c.health.kafkaErr = ""
+		if err != nil {
+			c.health.kafkaErr = err.Error()
+		}
+		c.health.mu.Unlock()
+		if err != nil {
+			return fmt.Errorf("consumer: kafka check: %w", err)
+		}
+		return nil
+	})
+}
+
 // Health reports the consumer's liveness and readiness. It does no I/O:
 // Run checks the database in the background and records its own progress.
 func (c *Consumer) Health() Health {
@@ -119,7 +151,7 @@ func (c *Consumer) Health() Health {
 	}
 	c.health.mu.Lock()
 	h.DatabaseChecked = c.health.dbChecked
-	dbErr := c.health.dbErr
+	dbErr, kafkaErr := c.health.dbErr, c.health.kafkaErr
 	c.health.mu.Unlock()
 	h.Database = "reachable"
 	if dbErr != "" {
@@ -143,6 +175,9 @@ func (c *Consumer) Health() Health {
 	}
 	if dbErr != "" {
 		h.Problems = append(h.Problems, "database unreachable: "+dbErr)
+	}
+	if kafkaErr != "" {
+		h.Problems = append(h.Problems, "kafka unreachable: "+kafkaErr)
 	}
 	if n := c.health.failing.Load(); n > 0 {
 		h.Problems = append(h.Problems, fmt.Sprintf("%d partition(s) retrying a transient database failure", n))

@@ -201,24 +201,6 @@ type counter struct{ n atomic.Int64 }
 func (c *counter) inc()       { c.n.Add(1) }
 func (c *counter) get() int64 { return c.n.Load() }
 
-// waitFor polls cond until it holds or the timeout passes.
-func waitFor(t testing.TB, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	var state string
-	for {
-		var ok bool
-		ok, state = cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s (%s)", timeout, what, state)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // query returns one int64.
 func query(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int64 {
 	t.Helper()
@@ -232,7 +214,7 @@ func query(t testing.TB, pool *pgxpool.Pool, sql string, args ...any) int64 {
 // effectsAtLeast waits until the effects table has n rows.
 func (b *bundle) effectsAtLeast(t testing.TB, n int64, timeout time.Duration) {
 	t.Helper()
-	waitFor(t, timeout, fmt.Sprintf("%d effects", n), func() (bool, string) {
+	testenv.WaitFor(t, timeout, fmt.Sprintf("%d effects", n), func() (bool, string) {
 		got := query(t, b.pool, `SELECT count(*) FROM effects`)
 		return got >= n, fmt.Sprintf("have %d", got)
 	})
@@ -242,7 +224,7 @@ func (b *bundle) effectsAtLeast(t testing.TB, n int64, timeout time.Duration) {
 func (b *bundle) dlqEntries(t testing.TB, n int, timeout time.Duration) []DLQEntry {
 	t.Helper()
 	var got []DLQEntry
-	waitFor(t, timeout, fmt.Sprintf("%d DLQ entries", n), func() (bool, string) {
+	testenv.WaitFor(t, timeout, fmt.Sprintf("%d DLQ entries", n), func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		var err error

@@ -77,7 +77,7 @@ func TestPostgresOutageBurnsNoAttempts(t *testing.T) {
 	close(resume)
 	// Far longer than MaxAttempts × backoff: every partition keeps failing
 	// to reach the database, and the consumer says it is not ready.
-	waitFor(t, 60*time.Second, "not ready during the outage", func() (bool, string) {
+	testenv.WaitFor(t, 60*time.Second, "not ready during the outage", func() (bool, string) {
 		h := c.Health()
 		return h.Live && !h.Ready && strings.Contains(h.String(), "transient database failure"), h.String()
 	})
@@ -86,14 +86,14 @@ func TestPostgresOutageBurnsNoAttempts(t *testing.T) {
 	if err := pg.Up(ctx); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 90*time.Second, "every event applied", func() (bool, string) {
+	testenv.WaitFor(t, 90*time.Second, "every event applied", func() (bool, string) {
 		var n int64
 		if err := pool.QueryRow(ctx, `SELECT count(DISTINCT n) FROM effects`).Scan(&n); err != nil {
 			return false, err.Error()
 		}
 		return n == total, fmt.Sprint(n)
 	})
-	waitFor(t, 60*time.Second, "ready after the outage", func() (bool, string) {
+	testenv.WaitFor(t, 60*time.Second, "ready after the outage", func() (bool, string) {
 		h := c.Health()
 		return h.Ready, h.String()
 	})

@@ -11,6 +11,7 @@ import (
 
 	"github.com/segmentio/kafka-go"
 
+	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/events"
 )
 
@@ -58,7 +59,7 @@ func TestRetryBlocksOnlyItsPartition(t *testing.T) {
 	})
 	r := start(t, b.newConsumer(t, "block", h, WithMaxAttempts(1000), WithBackoff(20*time.Millisecond, 50*time.Millisecond),
 		WithHooks(Hooks{DeadLettered: func(DeadLetter) { dead.Add(1) }})))
-	waitFor(t, 30*time.Second, "the other partitions", func() (bool, string) {
+	testenv.WaitFor(t, 30*time.Second, "the other partitions", func() (bool, string) {
 		got := query(t, b.pool, `SELECT count(*) FROM effects WHERE part <> $1`, blockedPart)
 		return got == int64(others), fmt.Sprintf("%d of %d", got, others)
 	})
@@ -166,7 +167,7 @@ func TestBackgroundPruning(t *testing.T) {
 	r := start(t, b.newConsumer(t, "pruner", b.handler("pruner", nil),
 		WithRetentionFloor(time.Hour), WithPruning(20*time.Millisecond, time.Hour)))
 	b.effectsAtLeast(t, 1, 20*time.Second)
-	waitFor(t, 10*time.Second, "old rows pruned", func() (bool, string) {
+	testenv.WaitFor(t, 10*time.Second, "old rows pruned", func() (bool, string) {
 		n := query(t, b.pool, `SELECT count(*) FROM consumed_events WHERE consumer = 'old'`)
 		return n == 0, fmt.Sprint(n)
 	})

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/segmentio/kafka-go"
 )
 
@@ -38,13 +39,13 @@ func TestAddedPartitionsAreConsumed(t *testing.T) {
 	for p := 1; p <= 2; p++ {
 		w := &kafka.Writer{Addr: kafka.TCP(b.kafka.Brokers...), Topic: b.topic, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond,
 			Balancer: kafka.BalancerFunc(func(kafka.Message, ...int) int { return p })}
-		waitFor(t, 30*time.Second, fmt.Sprintf("partition %d writable", p), func() (bool, string) {
+		testenv.WaitFor(t, 30*time.Second, fmt.Sprintf("partition %d writable", p), func() (bool, string) {
 			err := w.WriteMessages(ctx, message(t, b.event(t, fmt.Sprint("new-", p), p), nil))
 			return err == nil, fmt.Sprint(err)
 		})
 		w.Close()
 	}
-	waitFor(t, 60*time.Second, "the events of the added partitions applied", func() (bool, string) {
+	testenv.WaitFor(t, 60*time.Second, "the events of the added partitions applied", func() (bool, string) {
 		n := query(t, b.pool, `SELECT count(DISTINCT part) FROM effects WHERE part > 0`)
 		return n == 2, fmt.Sprint(n, " new partitions applied")
 	})

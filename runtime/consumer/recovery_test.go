@@ -2,17 +2,15 @@ package consumer
 
 import (
 	"context"
-	"errors"
 	"fmt"
+	"net/http"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/internal/testenv"
@@ -30,21 +28,6 @@ const (
 	outageAfterFail = 2 * time.Second // the outage goes on this long after the failures are seen
 )
 
-// kafkaOutage makes an in-process cluster unreachable while the returned
-// flag is set: every request fails and its connection is closed, as with a
-// broker that died; clearing the flag brings it back.
-func kafkaOutage(c *kfake.Cluster) *atomic.Bool {
-	var down atomic.Bool
-	c.Control(func(kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		if down.Load() {
-			return nil, errors.New("broker down"), true
-		}
-		return nil, nil, false
-	})
-	return &down
-}
-
 // recoveryMessages returns n messages numbered from first, over 30 keys
 // (every partition of three gets some).
 func recoveryMessages(t *testing.T, b *bundle, first, n int) []kafka.Message {
@@ -59,7 +42,7 @@ func recoveryMessages(t *testing.T, b *bundle, first, n int) []kafka.Message {
 // pool's connections that died with the server.
 func waitEffects(t *testing.T, pool *pgxpool.Pool, n int64, timeout time.Duration) {
 	t.Helper()
-	waitFor(t, timeout, fmt.Sprintf("%d effects", n), func() (bool, string) {
+	testenv.WaitFor(t, timeout, fmt.Sprintf("%d effects", n), func() (bool, string) {
 		var got int64
 		if err := pool.QueryRow(context.Background(), `SELECT count(*) FROM effects`).Scan(&got); err != nil {
 			return false, err.Error()
@@ -105,7 +88,7 @@ func TestConsumerResumesWhenPostgresReturns(t *testing.T) {
 		t.Fatal(err)
 	}
 	b.produce(t, recoveryMessages(t, b, 30, 30)...)
-	waitFor(t, time.Minute, "every partition retrying a transient database failure", func() (bool, string) {
+	testenv.WaitFor(t, time.Minute, "every partition retrying a transient database failure", func() (bool, string) {
 		h := c.Health()
 		return strings.Contains(h.String(), "3 partition(s) retrying a transient database failure"), h.String()
 	})
@@ -144,7 +127,7 @@ func TestConsumerResumesWhenKafkaReturns(t *testing.T) {
 	t.Parallel()
 	kc := servers.FakeKafka(t, kfake.GroupMinSessionTimeout(100*time.Millisecond))
 	b := setupOn(t, 3, kc)
-	down := kafkaOutage(kc.Fake)
+	down := testenv.KafkaOutage(kc.Fake)
 	// The default group timeouts, not the tests' quick ones: the rejoin
 	// after the outage is timed as a deployed consumer does it.
 	c := b.newConsumer(t, "recovery", b.handler("recovery", nil), WithBackoff(40*time.Second, time.Minute),
@@ -154,9 +137,13 @@ func TestConsumerResumesWhenKafkaReturns(t *testing.T) {
 	waitEffects(t, b.pool, 30, time.Minute)
 
 	down.Store(true)
-	waitFor(t, time.Minute, "the partitions to stop", func() (bool, string) {
+	testenv.WaitFor(t, time.Minute, "the partitions to stop", func() (bool, string) {
 		h := c.Health()
 		return h.Partitions == 0, h.String()
+	})
+	testenv.WaitFor(t, time.Minute, "/readyz to say the brokers are unreachable", func() (bool, string) {
+		code, body := probeHandler(t, c.ReadyHandler())
+		return code == http.StatusServiceUnavailable && strings.Contains(body, "kafka unreachable"), body
 	})
 	time.Sleep(DefaultSessionTimeout + time.Second)
 	down.Store(false)
@@ -164,6 +151,10 @@ func TestConsumerResumesWhenKafkaReturns(t *testing.T) {
 	b.produce(t, recoveryMessages(t, b, 30, 30)...)
 	waitEffects(t, b.pool, 60, time.Minute)
 	resumed := time.Since(back)
+	testenv.WaitFor(t, time.Minute, "/readyz to say ready again", func() (bool, string) {
+		code, body := probeHandler(t, c.ReadyHandler())
+		return code == http.StatusOK, body
+	})
 	t.Logf("events produced after the outage applied %v after the brokers came back", resumed.Round(time.Millisecond))
 	if resumed > resumeBound {
 		t.Fatalf("the consumer resumed %v after the brokers came back, want within %v", resumed.Round(time.Millisecond), resumeBound)

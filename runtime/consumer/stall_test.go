@@ -18,6 +18,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/protoevents/protoevents/eventstest/servers"
+	"github.com/protoevents/protoevents/internal/testenv"
 )
 
 // Environment of TestRebalanceStall and its consumer processes.
@@ -247,7 +248,7 @@ func TestRebalanceStall(t *testing.T) {
 				_ = p.Wait()
 				procs[i] = nil
 			}
-			waitFor(t, 2*time.Minute, "the group to settle without members", func() (bool, string) {
+			testenv.WaitFor(t, 2*time.Minute, "the group to settle without members", func() (bool, string) {
 				st := b.describe(t, group)
 				return len(st.Members) == 0, fmt.Sprintf("%s, %d members", st.State, len(st.Members))
 			})
@@ -258,7 +259,7 @@ func TestRebalanceStall(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	waitFor(t, 3*time.Minute, "every produced event applied", func() (bool, string) {
+	testenv.WaitFor(t, 3*time.Minute, "every produced event applied", func() (bool, string) {
 		ok, state := drained()
 		return ok, state + "\n" + logs.String()
 	})

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/twmb/franz-go/pkg/kmsg"
 
+	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/events"
 )
 
@@ -32,7 +33,7 @@ func (b *bundle) writeOne(ctx context.Context, w *Writer, ev events.Event) error
 // it only bounds a hang.
 func waitUntil(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	waitFor(t, 3*time.Minute, what, func() (bool, string) { return cond(), "" })
+	testenv.WaitFor(t, 3*time.Minute, what, func() (bool, string) { return cond(), "" })
 }
 
 // TestBacklogBoundWhileBrokersAreCut: with every produce request refused,

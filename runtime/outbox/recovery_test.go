@@ -2,13 +2,8 @@ package outbox
 
 import (
 	"context"
-	"errors"
-	"sync/atomic"
 	"testing"
 	"time"
-
-	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/internal/testenv"
@@ -27,21 +22,6 @@ const (
 )
 
 func recoveryBackoff() RelayOption { return WithBackoff(40*time.Second, time.Minute) }
-
-// kafkaOutage makes an in-process cluster unreachable while the returned
-// flag is set: every request fails and its connection is closed, as with a
-// broker that died; clearing the flag brings it back.
-func kafkaOutage(c *kfake.Cluster) *atomic.Bool {
-	var down atomic.Bool
-	c.Control(func(kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		if down.Load() {
-			return nil, errors.New("broker down"), true
-		}
-		return nil, nil, false
-	})
-	return &down
-}
 
 // waitFailures waits until the relay reported more than n failures.
 func waitFailures(t *testing.T, rr *runningRelay, n int64) {
@@ -62,7 +42,7 @@ func waitFailures(t *testing.T, rr *runningRelay, n int64) {
 func TestRelayResumesWhenKafkaReturns(t *testing.T) {
 	t.Parallel()
 	b := setup(t, true, 3)
-	down := kafkaOutage(b.kafka.Fake)
+	down := testenv.KafkaOutage(b.kafka.Fake)
 	rr := b.startRelay(t, recoveryBackoff())
 	evs, want := sequence(b.d, 60, 6)
 	b.write(t, evs[:30])

@@ -11,24 +11,9 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/protoevents/protoevents/eventstest/servers"
+	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/events"
 )
-
-// waitFor polls cond until it holds or the deadline passes.
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() (bool, string)) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		ok, state := cond()
-		if ok {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s; last state: %s", what, state)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
 
 // TestStuckRowListedParkedRetriedDropped: an event larger than its topic's
 // max.message.bytes blocks its key. It is listed as stuck with the broker's
@@ -58,7 +43,7 @@ func TestStuckRowListedParkedRetriedDropped(t *testing.T) {
 	b.startRelay(t)
 
 	var stuck []StuckRow
-	waitFor(t, 15*time.Second, "the big row to be listed as stuck", func() (bool, string) {
+	testenv.WaitFor(t, 15*time.Second, "the big row to be listed as stuck", func() (bool, string) {
 		var err error
 		stuck, err = ListStuck(ctx, b.pool, StuckFilter{})
 		if err != nil {
@@ -114,7 +99,7 @@ func TestStuckRowListedParkedRetriedDropped(t *testing.T) {
 		t.Fatalf("retry: %+v, want it back from parked under a new id", res)
 	}
 	checkLanes(t, b.pool, DefaultLanes) // the retried row is in its key's lane
-	waitFor(t, 15*time.Second, "the retried row to fail again", func() (bool, string) {
+	testenv.WaitFor(t, 15*time.Second, "the retried row to fail again", func() (bool, string) {
 		stuck, err = ListStuck(ctx, b.pool, StuckFilter{Topic: small.topic})
 		if err != nil {
 			t.Fatal(err)

@@ -2,14 +2,10 @@ package walrelay
 
 import (
 	"context"
-	"errors"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/twmb/franz-go/pkg/kfake"
-	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/internal/testenv"
@@ -34,21 +30,6 @@ func slowRetries() Option {
 		c.sessionRetryMin, c.sessionRetryMax = 40*time.Second, time.Minute
 		c.publishRetryMin, c.publishRetryMax = 40*time.Second, time.Minute
 	}
-}
-
-// kafkaOutage makes an in-process cluster unreachable while the returned
-// flag is set: every request fails and its connection is closed, as with a
-// broker that died; clearing the flag brings it back.
-func kafkaOutage(c *kfake.Cluster) *atomic.Bool {
-	var down atomic.Bool
-	c.Control(func(kmsg.Request) (kmsg.Response, error, bool) {
-		c.KeepControl()
-		if down.Load() {
-			return nil, errors.New("broker down"), true
-		}
-		return nil, nil, false
-	})
-	return &down
 }
 
 // recoverySetup is setup with an in-process Kafka cluster, whose outages
@@ -82,7 +63,7 @@ func recoverySetup(t *testing.T) *bundle {
 func TestWALRelayResumesWhenKafkaReturns(t *testing.T) {
 	t.Parallel()
 	b := recoverySetup(t)
-	down := kafkaOutage(b.kafka.Fake)
+	down := testenv.KafkaOutage(b.kafka.Fake)
 	rr := b.startRelay(t, slowRetries())
 	evs, want := sequence(b.d, 60, 6)
 	b.write(t, evs[:30], 5)

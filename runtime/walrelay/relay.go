@@ -34,6 +34,9 @@ type Relay struct {
 	// they answer, which ends the backoff of the work waiting for them
 	// (docs/design.md, "Recovery at the speed of the dependency").
 	dbWatch, kafkaWatch health.Watch
+	// guard is the partitioner of every session's writers: one per Relay,
+	// so a topic that grows while a session reconnects is still reported.
+	guard *kafkawriter.Guard
 }
 
 // New returns a WAL relay that reads the slot (WithSlot) in the pool's
@@ -51,7 +54,11 @@ func New(pool *pgxpool.Pool, brokers []string, opts ...Option) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Relay{pool: pool, brokers: brokers, cfg: c}, nil
+	r := &Relay{pool: pool, brokers: brokers, cfg: c}
+	r.guard = &kafkawriter.Guard{Changed: func(topic string, was, now int) {
+		r.cfg.log.Error("walrelay: "+kafkawriter.PartitionsMessage, "topic", topic, "partitions", now, "were", was)
+	}}
+	return r, nil
 }
 
 // errStandby is a session's end when another relay holds the slot.
@@ -186,14 +193,11 @@ func (r *Relay) session(ctx context.Context, tr *kafka.Transport, points faults.
 	defer cancelPublish()
 	crashed := make(chan error, 1)
 	lanes := make([]chan part, r.cfg.lanes)
-	guard := &kafkawriter.Guard{Changed: func(topic string, was, now int) {
-		r.cfg.log.Error("walrelay: "+kafkawriter.PartitionsMessage, "topic", topic, "partitions", now, "were", was)
-	}}
 	var publishers sync.WaitGroup
 	for l := range lanes {
 		lanes[l] = make(chan part, 2*r.cfg.batchSize)
 		p := &publisher{r: r, w: kafkawriter.New(kafkawriter.Config{Brokers: r.brokers, Transport: tr, MaxAttempts: r.cfg.maxAttempts,
-			WriteTimeout: r.cfg.writeTimeout, BatchSize: r.cfg.batchSize, Guard: guard}), wm: wm, in: lanes[l], stop: stop, points: points,
+			WriteTimeout: r.cfg.writeTimeout, BatchSize: r.cfg.batchSize, Guard: r.guard}), wm: wm, in: lanes[l], stop: stop, points: points,
 			crash: func(err error) {
 				select {
 				case crashed <- err:

@@ -97,23 +97,26 @@ type Guard struct {
 }
 
 // PartitionsMessage is the relays' warning when a topic's partition count
-// changed under them.
+// grew under them.
 const PartitionsMessage = "topic partition count changed while publishing: keys now map to other partitions, so a key's new events may be consumed before its earlier ones on the old partition (per-key order is not guaranteed across the change); see the runbook, \"Growing a topic\""
 
-// Balance picks msg's partition with murmur2 and reports a changed
-// partition count once per change.
+// Balance picks msg's partition with murmur2 and reports a grown partition
+// count once per change. Only growth is reported: topics never shrink, and
+// a writer still holding older metadata than another may hand a smaller
+// count after a larger one, which is no change of the topic.
 func (g *Guard) Balance(msg kafka.Message, partitions ...int) int {
 	if g.Changed != nil {
 		g.mu.Lock()
 		was, seen := g.count[msg.Topic]
-		if !seen || was != len(partitions) {
+		grew := seen && len(partitions) > was
+		if !seen || grew {
 			if g.count == nil {
 				g.count = map[string]int{}
 			}
 			g.count[msg.Topic] = len(partitions)
 		}
 		g.mu.Unlock()
-		if seen && was != len(partitions) {
+		if grew {
 			g.Changed(msg.Topic, was, len(partitions))
 		}
 	}

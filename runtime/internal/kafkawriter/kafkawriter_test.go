@@ -9,8 +9,8 @@ import (
 
 // TestGuardPartitionsLikeMurmur2AndReportsChanges: the guard picks the
 // partition the Java client's murmur2 would, and reports a topic's
-// partition count change once per change, per topic, never the first
-// sighting.
+// partition count growth once per change, per topic, never the first
+// sighting nor a writer's older, smaller count.
 func TestGuardPartitionsLikeMurmur2AndReportsChanges(t *testing.T) {
 	var changes []string
 	g := &Guard{Changed: func(topic string, was, now int) {
@@ -28,6 +28,7 @@ func TestGuardPartitionsLikeMurmur2AndReportsChanges(t *testing.T) {
 		t.Fatalf("changes %v on first sight", changes)
 	}
 	g.Balance(kafka.Message{Topic: "a", Key: []byte("x")}, six...)
+	g.Balance(kafka.Message{Topic: "a", Key: []byte("y")}, three...) // a writer with older metadata
 	g.Balance(kafka.Message{Topic: "a", Key: []byte("y")}, six...)
 	g.Balance(kafka.Message{Topic: "b", Key: []byte("x")}, three...)
 	if len(changes) != 1 || changes[0] != "a:3→6" {
