@@ -57,6 +57,7 @@ type pipeline struct {
 	begin   func(context.Context, *pgxpool.Pool, func(pgx.Tx) error) error
 
 	relayHealth func() (ready bool, why string)
+	published   atomic.Int64 // unix nanoseconds of the relay's last acknowledged publish
 	consumer    *consumer.Consumer
 
 	logs *capture // what the relay and the consumer logged
@@ -208,14 +209,16 @@ func (p *pipeline) startRelay(kind relayKind) {
 	switch kind {
 	case walRelay:
 		r, err := walrelay.New(p.pool, p.brokers, walrelay.WithLogger(p.logger()),
-			walrelay.WithStatusInterval(100*time.Millisecond), walrelay.WithHeartbeat(100*time.Millisecond))
+			walrelay.WithStatusInterval(100*time.Millisecond), walrelay.WithHeartbeat(100*time.Millisecond),
+			walrelay.WithHooks(walrelay.Hooks{Published: func(int) { p.published.Store(time.Now().UnixNano()) }}))
 		if err != nil {
 			p.t.Fatal(err)
 		}
 		p.relayHealth = func() (bool, string) { return testenv.Ready(r.ReadyHandler()) }
 		p.run("wal relay", r.Run)
 	default:
-		r, err := outbox.NewRelay(p.pool, p.brokers, outbox.WithLogger(p.logger()), outbox.WithHealthInterval(200*time.Millisecond))
+		r, err := outbox.NewRelay(p.pool, p.brokers, outbox.WithLogger(p.logger()), outbox.WithHealthInterval(200*time.Millisecond),
+			outbox.WithHooks(outbox.Hooks{Published: func(int) { p.published.Store(time.Now().UnixNano()) }}))
 		if err != nil {
 			p.t.Fatal(err)
 		}
