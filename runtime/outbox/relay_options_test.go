@@ -35,8 +35,8 @@ func TestRelayProducerOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tr := r.newTransport(); tr != nil {
-		t.Fatalf("transport without TLS or SASL: %v, want kafka-go's default", tr)
+	if tr := r.newTransport(); tr == nil || tr.TLS != nil || tr.SASL != nil || tr.MetadataTTL != kafkawriter.MetadataTTL {
+		t.Fatalf("transport without TLS or SASL: %+v, want the relay's own, metadata every %v", tr, kafkawriter.MetadataTTL)
 	}
 	w := r.newKafkaWriter(nil)
 	if w.Transport != nil || w.WriteTimeout != 10*time.Second || w.MaxAttempts != 3 {

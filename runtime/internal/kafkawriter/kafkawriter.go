@@ -25,14 +25,22 @@ type Config struct {
 	Guard *Guard
 }
 
-// Transport returns the transport that carries a relay's TLS and SASL
-// settings, or nil without them (kafka-go's default transport). A relay
-// builds one per Run and shares it between its Writers.
+// MetadataTTL is how often a relay's transport refreshes the cluster's
+// metadata (kafka-go's default is 6s). After brokers restart, a produce to
+// a partition whose leader moved fails with NOT_LEADER_FOR_PARTITION until
+// the next refresh; measured on a real three-node cluster brought back from
+// a full outage, the relay's keys on those partitions waited for it. A
+// metadata request a second per relay is nothing for a broker.
+const MetadataTTL = time.Second
+
+// Transport returns the transport of one relay's Run, shared by its
+// Writers and its broker checks: the relay's own (not kafka-go's
+// process-wide default, whose connections and metadata cache every other
+// kafka-go user in the process shares), carrying its TLS and SASL
+// settings and refreshing metadata every MetadataTTL. Close it with
+// CloseIdleConnections when Run ends.
 func Transport(t *tls.Config, m sasl.Mechanism) *kafka.Transport {
-	if t == nil && m == nil {
-		return nil
-	}
-	return &kafka.Transport{TLS: t, SASL: m}
+	return &kafka.Transport{TLS: t, SASL: m, MetadataTTL: MetadataTTL}
 }
 
 // New returns a producer with RequiredAcks = RequireAll, synchronous
