@@ -32,6 +32,22 @@ func mostLeading(leaders map[int]int) int {
 	return best
 }
 
+// killAndRestart kills node victim with SIGKILL, waits until the flow
+// goes on without it, starts it again and waits for more progress.
+func (p *pipeline) killAndRestart(victim int) {
+	p.t.Helper()
+	if err := p.kafka.Node(victim).Kill(); err != nil {
+		p.t.Fatal(err)
+	}
+	p.progress(300, flowing)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := p.kafka.Node(victim).Start(ctx); err != nil {
+		p.t.Fatal(err)
+	}
+	p.progress(100, flowing)
+}
+
 // TestLeaderKilledMidBatch: while the relay publishes a steady flow, the
 // node leading most of the topic's partitions is killed with SIGKILL
 // (in-flight produce requests die with it; the controller moves leadership
@@ -47,16 +63,7 @@ func TestLeaderKilledMidBatch(t *testing.T) {
 			p.progress(300, flowing)
 			victim := mostLeading(p.leaders(p.d.Topic))
 			t.Logf("killing node %d, leader of partitions %v", victim, p.leaders(p.d.Topic))
-			if err := p.kafka.Node(victim).Kill(); err != nil {
-				t.Fatal(err)
-			}
-			p.progress(300, flowing)
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-			defer cancel()
-			if err := p.kafka.Node(victim).Start(ctx); err != nil {
-				t.Fatal(err)
-			}
-			p.progress(100, flowing)
+			p.killAndRestart(victim)
 			p.check(settling)
 		})
 	}
@@ -123,16 +130,7 @@ func TestCoordinatorKilledUnderConsumer(t *testing.T) {
 	p.progress(300, flowing)
 	victim := p.coordinator("faults")
 	t.Logf("killing node %d, coordinator of the group", victim)
-	if err := p.kafka.Node(victim).Kill(); err != nil {
-		t.Fatal(err)
-	}
-	p.progress(300, flowing)
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
-	defer cancel()
-	if err := p.kafka.Node(victim).Start(ctx); err != nil {
-		t.Fatal(err)
-	}
-	p.progress(100, flowing)
+	p.killAndRestart(victim)
 	p.check(settling)
 }
 

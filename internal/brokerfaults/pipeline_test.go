@@ -147,6 +147,23 @@ func newPipeline(t *testing.T, kind relayKind) *pipeline {
 	if _, err := topics.Create(ctx, p.brokers, topics.Config{Partitions: partitions, ReplicationFactor: 3}, topic, p.d.DLQTopic); err != nil {
 		t.Fatal(err)
 	}
+	// The controller acknowledged the topics; each broker learns of them a
+	// moment later. The consumer refuses to start on a topic the broker it
+	// asks does not know yet, so wait until every one knows both.
+	for _, addr := range p.brokers {
+		testenv.WaitFor(t, time.Minute, "broker "+addr+" to know the new topics", func() (bool, string) {
+			conn, err := kafka.DialContext(ctx, "tcp", addr)
+			if err != nil {
+				return false, err.Error()
+			}
+			defer conn.Close()
+			parts, err := conn.ReadPartitions(topic, p.d.DLQTopic)
+			if err != nil {
+				return false, err.Error()
+			}
+			return len(parts) == 2*partitions, fmt.Sprint(len(parts), " partitions")
+		})
+	}
 	switch kind {
 	case walRelay:
 		_, p.pool = testenv.OwnCluster(t, ctx, pgcluster.WithSetting("wal_level", "logical"))
