@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/protoevents/protoevents/eventstest/servers"
-	"github.com/protoevents/protoevents/internal/testenv"
 )
 
 // syncBuffer is a log sink the relay's goroutines can share.
@@ -172,29 +171,16 @@ func TestRelayStartedBeforePostgres(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	c, pool := testenv.OwnCluster(t, ctx)
-	if err := Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	k := servers.Kafka(t)
-	topic := servers.Topic(t, "outbox")
-	if err := k.CreateTopics(ctx, 3, topic); err != nil {
-		t.Fatal(err)
-	}
-	w, err := NewWriter()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &bundle{pool: pool, kafka: k, topic: topic, d: descriptorFor(topic), writer: w, parts: 3, brokers: k.Brokers}
+	c, b := bundleOnOwnCluster(t, ctx, servers.Kafka(t))
 	evs, want := sequence(b.d, 200, 5)
 	b.write(t, evs)
-	pool.Reset()
+	b.pool.Reset()
 	if err := c.Down(ctx); err != nil {
 		t.Fatal(err)
 	}
 
 	logs := &syncBuffer{}
-	r, err := NewRelay(pool, k.Brokers, WithHealthInterval(20*time.Millisecond), WithLogInterval(time.Hour),
+	r, err := NewRelay(b.pool, b.brokers, WithHealthInterval(20*time.Millisecond), WithLogInterval(time.Hour),
 		WithBackoff(10*time.Millisecond, 200*time.Millisecond),
 		WithLogger(slog.New(slog.NewTextHandler(logs, nil))))
 	if err != nil {

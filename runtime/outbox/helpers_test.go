@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/protoevents/protoevents/eventstest/kafkacluster"
+	"github.com/protoevents/protoevents/eventstest/pgcluster"
 	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/internal/testenv"
 	"github.com/protoevents/protoevents/runtime/events"
@@ -207,4 +208,24 @@ func (b *bundle) readAll(t testing.TB) [][]delivered {
 func checkDelivery(t testing.TB, parts [][]delivered, want map[string]int) int {
 	t.Helper()
 	return testenv.CheckDelivery(t, parts, want)
+}
+
+// bundleOnOwnCluster returns a bundle on a Postgres cluster of the test's
+// own (to stop and start: outage tests) and on kc, with a topic of 3
+// partitions, and the cluster.
+func bundleOnOwnCluster(t *testing.T, ctx context.Context, kc *kafkacluster.Cluster) (*pgcluster.Cluster, *bundle) {
+	t.Helper()
+	c, pool := testenv.OwnCluster(t, ctx)
+	if err := Migrate(ctx, pool); err != nil {
+		t.Fatal(err)
+	}
+	topic := servers.Topic(t, "outbox")
+	if err := kc.CreateTopics(ctx, 3, topic); err != nil {
+		t.Fatal(err)
+	}
+	w, err := NewWriter()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, &bundle{pool: pool, kafka: kc, topic: topic, d: descriptorFor(topic), writer: w, parts: 3, brokers: kc.Brokers}
 }

@@ -74,20 +74,7 @@ func TestRelayResumesWhenPostgresReturns(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	c, pool := testenv.OwnCluster(t, ctx)
-	if err := Migrate(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	k := servers.FakeKafka(t)
-	topic := servers.Topic(t, "outbox")
-	if err := k.CreateTopics(ctx, 3, topic); err != nil {
-		t.Fatal(err)
-	}
-	w, err := NewWriter()
-	if err != nil {
-		t.Fatal(err)
-	}
-	b := &bundle{pool: pool, kafka: k, topic: topic, d: descriptorFor(topic), writer: w, parts: 3, brokers: k.Brokers}
+	c, b := bundleOnOwnCluster(t, ctx, servers.FakeKafka(t))
 	rr := b.startRelay(t, recoveryBackoff())
 	evs, want := sequence(b.d, 60, 6)
 	b.write(t, evs[:30])

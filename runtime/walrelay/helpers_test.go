@@ -90,9 +90,15 @@ func logicalDB(t testing.TB, opts ...pgcluster.Option) (*pgcluster.Cluster, *pgx
 // setup makes a test's bundle; opts are settings for a cluster of its own.
 func setup(t testing.TB, partitions int, opts ...pgcluster.Option) *bundle {
 	t.Helper()
+	return setupOn(t, partitions, servers.Kafka(t), opts...)
+}
+
+// setupOn is setup on a given Kafka cluster.
+func setupOn(t testing.TB, partitions int, kc *kafkacluster.Cluster, opts ...pgcluster.Option) *bundle {
+	t.Helper()
 	ctx := context.Background()
 	cluster, pool := logicalDB(t, opts...)
-	b := &bundle{cluster: cluster, pool: pool, kafka: servers.Kafka(t), parts: partitions, slot: DefaultSlot}
+	b := &bundle{cluster: cluster, pool: pool, kafka: kc, parts: partitions, slot: DefaultSlot}
 	b.brokers = b.kafka.Brokers
 	b.topic = servers.Topic(t, "walrelay")
 	if err := b.kafka.CreateTopics(ctx, partitions, b.topic); err != nil {

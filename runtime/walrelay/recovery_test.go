@@ -9,7 +9,6 @@ import (
 
 	"github.com/protoevents/protoevents/eventstest/servers"
 	"github.com/protoevents/protoevents/internal/testenv"
-	"github.com/protoevents/protoevents/runtime/outbox"
 )
 
 // The recovery tests take a dependency away while the relay works, long
@@ -32,28 +31,11 @@ func slowRetries() Option {
 	}
 }
 
-// recoverySetup is setup with an in-process Kafka cluster, whose outages
+// recoverySetup is setup on an in-process Kafka cluster, whose outages
 // the test controls.
 func recoverySetup(t *testing.T) *bundle {
 	t.Helper()
-	ctx := context.Background()
-	cluster, pool := logicalDB(t)
-	b := &bundle{cluster: cluster, pool: pool, kafka: servers.FakeKafka(t), parts: 3, slot: DefaultSlot}
-	b.brokers = b.kafka.Brokers
-	b.topic = servers.Topic(t, "walrelay")
-	if err := b.kafka.CreateTopics(ctx, b.parts, b.topic); err != nil {
-		t.Fatal(err)
-	}
-	b.d = testenv.Descriptor(b.topic)
-	if err := Setup(ctx, pool); err != nil {
-		t.Fatal(err)
-	}
-	w, err := outbox.NewWriter(outbox.WithWALSource(b.slot))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b.writer = w
-	return b
+	return setupOn(t, 3, servers.FakeKafka(t))
 }
 
 // TestWALRelayResumesWhenKafkaReturns: the brokers go away while events
